@@ -1,0 +1,3 @@
+from llamaswap.cli import main
+
+main()

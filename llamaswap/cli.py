@@ -1,0 +1,81 @@
+"""The ``llamaswap`` command line (SPEC §2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from functools import partial
+
+import trio
+
+from llamaswap._serve import serve
+from llamaswap.config import Config, load_config
+from llamaswap.errors import ConfigError
+
+__all__ = ["check_config", "main"]
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def check_config(path: str) -> int:
+    """Print every problem in the config at ``path``; 0 when valid, 2 when not."""
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem.render(exc.file), file=sys.stderr)
+        count = len(exc.problems)
+        print(f"{count} problem{'s' if count != 1 else ''} found", file=sys.stderr)
+        return 2
+    print(f"{path}: ok")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llamaswap",
+        description="A model-swapping, priority-scheduling proxy for local AI servers.",
+        epilog="Validate a config without serving: llamaswap check-config PATH",
+    )
+    parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warn", "error"],
+        help="overrides logLevel from the config",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["check-config"]:
+        if len(args) != 2:
+            print("usage: llamaswap check-config PATH", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(check_config(args[1]))
+    options = _parser().parse_args(args)
+    try:
+        config = load_config(options.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)
+    level = options.log_level or config.log_level.value
+    logging.basicConfig(
+        level=logging.WARNING if level == "warn" else level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    trio.run(_run, config, options.listen)
+
+
+async def _run(config: Config, listen: str) -> None:
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve, config, listen=listen))
+        print(f"llamaswap: listening on {url}", flush=True)

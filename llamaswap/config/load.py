@@ -1,0 +1,188 @@
+"""Reading a configuration file: TOML → macros → inherited defaults → cattrs → checks.
+
+Every stage collects problems instead of stopping at the first, and :class:`ConfigError`
+lists them all. When structuring fails, the offending keys are removed from a scratch copy
+and structuring is retried, so the whole-config checks (aliases, groups, references) still
+run on what is left and their problems are reported in the same pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import cattrs
+import tomli
+from cattrs.errors import ClassValidationError
+
+from ..errors import ConfigError, ConfigProblem
+from .convert import make_converter, walk_error
+from .macros import expand_macros
+from .model import Config
+from .paths import Path, Problem, format_path
+from .validate import validate
+from .values import InvalidValue, parse_bool, parse_duration
+
+__all__ = ["load_config", "loads_config"]
+
+# Top-level keys whose value is each model's default for the model key.
+_INHERITED = (
+    ("globalTTL", "ttl", parse_duration),
+    ("unloadTimeout", "unloadTimeout", parse_duration),
+    ("sendLoadingState", "sendLoadingState", parse_bool),
+)
+_MAX_REPAIR_ROUNDS = 20
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, expand and validate a TOML configuration file.
+
+    Args:
+        path: the file to read (UTF-8 TOML).
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: the file cannot be read or is invalid; ``problems`` lists every problem.
+    """
+    file = os.fspath(path)
+    try:
+        with open(file, encoding="utf-8") as stream:
+            text = stream.read()
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        raise ConfigError(file, [ConfigProblem("", f"cannot read the file: {reason}")]) from exc
+    except UnicodeDecodeError as exc:
+        problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
+        raise ConfigError(file, [problem]) from exc
+    return loads_config(text, file=file)
+
+
+def loads_config(
+    text: str, *, file: str = "<config>", environ: Mapping[str, str] | None = None
+) -> Config:
+    """Parse, expand and validate configuration text.
+
+    Args:
+        text: the TOML document.
+        file: the name used in error messages.
+        environ: the variables ``${env.NAME}`` reads; defaults to ``os.environ``.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: the text is invalid; ``problems`` lists every problem found.
+    """
+    try:
+        raw = tomli.loads(text)
+    except tomli.TOMLDecodeError as exc:
+        message = exc.msg[:1].lower() + exc.msg[1:]
+        problem = ConfigProblem("", f"invalid TOML: {message}", exc.lineno, exc.colno)
+        raise ConfigError(file, [problem]) from None
+    doc, expanding = expand_macros(raw, os.environ if environ is None else environ)
+    _inherit_defaults(doc)
+    config, structuring, dropped = _structure(doc)
+    checking: list[Problem] = []
+    if config is not None:
+        config, checking = validate(config, dropped=dropped)
+    problems = _merge(expanding, structuring, checking)
+    if problems or config is None:
+        raise ConfigError(file, problems)
+    return config
+
+
+def _inherit_defaults(doc: dict[str, Any]) -> None:
+    """Copy valid top-level defaults into models that do not set the key themselves.
+
+    An invalid top-level value is skipped here so it is reported once, at its own path.
+    """
+    models = doc.get("models")
+    if not isinstance(models, dict):
+        return
+    inherited: dict[str, Any] = {}
+    for top_key, model_key, parse in _INHERITED:
+        if top_key in doc:
+            try:
+                parse(doc[top_key])
+            except InvalidValue:
+                continue
+            inherited[model_key] = doc[top_key]
+    for model in models.values():
+        if isinstance(model, dict):
+            for key, value in inherited.items():
+                model.setdefault(key, value)
+
+
+@functools.cache
+def _converter() -> cattrs.Converter:
+    return make_converter()
+
+
+def _structure(
+    doc: dict[str, Any],
+) -> tuple[Config | None, list[Problem], dict[str, tuple[str, ...]]]:
+    """Structure ``doc``; on failure, also a best-effort config for the whole-config checks.
+
+    Returns:
+        The config (best effort when there are problems; ``None`` if even that failed), the
+        structuring problems, and the models dropped as invalid (ID → aliases).
+    """
+    converter = _converter()
+    try:
+        return converter.structure(doc, Config), [], {}
+    except ClassValidationError as exc:
+        first = walk_error(exc)
+    scratch = copy.deepcopy(doc)
+    dropped: dict[str, tuple[str, ...]] = {}
+    found = first
+    for _ in range(_MAX_REPAIR_ROUNDS):
+        if not all(_remove(scratch, problem, dropped) for problem in found):
+            break
+        try:
+            return converter.structure(scratch, Config), first, dropped
+        except ClassValidationError as exc:
+            found = walk_error(exc)
+    return None, first, dropped
+
+
+def _remove(doc: dict[str, Any], problem: Problem, dropped: dict[str, tuple[str, ...]]) -> bool:
+    """Delete the key at fault (or the table lacking a required key); ``False`` if none."""
+    target: Path = problem.path[:-1] if problem.kind == "missing" else problem.path
+    while target and isinstance(target[-1], int):
+        target = target[:-1]  # an array with a bad item goes as a whole
+    if not target:
+        return False
+    if len(target) == 2 and target[0] == "models" and isinstance(target[1], str):
+        model = doc.get("models", {}).get(target[1])
+        aliases = model.get("aliases") if isinstance(model, dict) else None
+        listed = aliases if isinstance(aliases, list) else []
+        dropped[target[1]] = tuple(alias for alias in listed if isinstance(alias, str))
+    parent: Any = doc
+    for part in target[:-1]:
+        parent = parent.get(part) if isinstance(parent, dict) else None
+    if isinstance(parent, dict):
+        parent.pop(target[-1], None)
+    return True
+
+
+def _merge(*stages: list[Problem]) -> list[ConfigProblem]:
+    """Problems of successive stages as :class:`ConfigProblem`, each reported once.
+
+    A later stage's problem at a key path an earlier stage already reported is dropped: it is
+    the same mistake seen again (``ttl = "${typo}"`` is an unknown macro, not a bad duration).
+    """
+    reported: set[str] = set()
+    result: list[ConfigProblem] = []
+    for stage in stages:
+        paths = [format_path(problem.path) for problem in stage]
+        for path, problem in zip(paths, stage, strict=True):
+            item = ConfigProblem(path, problem.message)
+            if path not in reported and item not in result:
+                result.append(item)
+        reported.update(paths)
+    return result

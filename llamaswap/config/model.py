@@ -1,0 +1,205 @@
+"""The configuration as frozen values.
+
+Each class mirrors one TOML table, so a cattrs error path is the TOML key path. A field's
+TOML key is its name in lowerCamelCase (``health_check_timeout`` → ``healthCheckTimeout``)
+unless ``key(...)`` names it otherwise. No I/O here: ``load.py`` reads and validates.
+
+Durations are ``float`` seconds (TOML may give a number or a string such as ``"500ms"``),
+commands are argument tuples (TOML may give a string, split like a POSIX shell, or an array).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "Config",
+    "FifoSettings",
+    "FilterConfig",
+    "GroupConfig",
+    "Hooks",
+    "LogLevel",
+    "MatrixConfig",
+    "ModelConfig",
+    "OnStartup",
+    "PeerConfig",
+    "RouterSection",
+    "RouterSettings",
+    "Routing",
+    "SchedulerSection",
+    "SchedulerSettings",
+    "SerialSettings",
+    "key",
+    "toml_key",
+]
+
+DEFAULT_PROXY = "http://127.0.0.1:${PORT}"
+CHECK_NONE = "none"
+
+
+def key(name: str) -> dict[str, str]:
+    """Field metadata naming a TOML key that is not the field name in lowerCamelCase."""
+    return {"toml": name}
+
+
+def toml_key(field: attrs.Attribute[Any]) -> str:
+    """The TOML key of an attrs field."""
+    explicit = field.metadata.get("toml")
+    if explicit is not None:
+        return str(explicit)
+    head, *rest = field.name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class LogLevel(str, enum.Enum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARN = "warn"
+    ERROR = "error"
+
+
+@attrs.frozen
+class FilterConfig:
+    strip_params: tuple[str, ...] = ()
+    set_params: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ModelConfig:
+    """``[models.ID]``: one model server llamaswap may start."""
+
+    cmd: tuple[str, ...]
+    cmd_stop: tuple[str, ...] | None = None
+    proxy: str = DEFAULT_PROXY
+    check_endpoint: str = "/health"
+    ttl: float = 0.0
+    unload_timeout: float = 10.0
+    aliases: tuple[str, ...] = ()
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    name: str | None = None
+    description: str | None = None
+    unlisted: bool = False
+    use_model_name: str | None = None
+    concurrency_limit: int = 10
+    filters: FilterConfig = FilterConfig()
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    send_loading_state: bool = False
+
+    @property
+    def health_url(self) -> str | None:
+        """The URL polled for readiness, or ``None`` when ``checkEndpoint = "none"``."""
+        if self.check_endpoint == CHECK_NONE:
+            return None
+        return self.proxy.rstrip("/") + self.check_endpoint
+
+
+@attrs.frozen
+class GroupConfig:
+    """``[routing.router.settings.groups.NAME]``."""
+
+    members: tuple[str, ...]
+    swap: bool = True
+    exclusive: bool = True
+    persistent: bool = False
+
+
+@attrs.frozen
+class MatrixConfig:
+    """``[routing.router.settings.matrix]``: which models may run together."""
+
+    vars: Mapping[str, str] = attrs.field(factory=dict)
+    evict_costs: Mapping[str, int] = attrs.field(factory=dict, metadata=key("evict_costs"))
+    sets: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class RouterSettings:
+    groups: Mapping[str, GroupConfig] = attrs.field(factory=dict)
+    matrix: MatrixConfig | None = None
+
+
+@attrs.frozen
+class RouterSection:
+    use: Literal["group", "matrix"] = "group"
+    settings: RouterSettings = RouterSettings()
+
+
+@attrs.frozen
+class FifoSettings:
+    priority: Mapping[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SerialSettings:
+    aging_divisor: float = 60.0
+    swap_affinity_bonus: int = 10
+
+
+@attrs.frozen
+class SchedulerSettings:
+    fifo: FifoSettings = FifoSettings()
+    serial: SerialSettings = SerialSettings()
+
+
+@attrs.frozen
+class SchedulerSection:
+    use: Literal["fifo", "serial"] = "fifo"
+    settings: SchedulerSettings = SchedulerSettings()
+
+
+@attrs.frozen
+class Routing:
+    router: RouterSection = RouterSection()
+    scheduler: SchedulerSection = SchedulerSection()
+
+
+@attrs.frozen
+class OnStartup:
+    preload: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Hooks:
+    on_startup: OnStartup = attrs.field(default=OnStartup(), metadata=key("on_startup"))
+
+
+@attrs.frozen
+class PeerConfig:
+    """``[peers.ID]``: another llamaswap (or any OpenAI server) whose models we forward to."""
+
+    proxy: str
+    models: tuple[str, ...]
+    api_key: str | None = None
+
+
+@attrs.frozen
+class Config:
+    """A whole, validated configuration file."""
+
+    models: Mapping[str, ModelConfig] = attrs.field(factory=dict)
+    health_check_timeout: float = 120.0
+    log_level: LogLevel = LogLevel.INFO
+    start_port: int = 5800
+    global_ttl: float = attrs.field(default=0.0, metadata=key("globalTTL"))
+    unload_timeout: float = 10.0
+    api_keys: tuple[str, ...] = ()
+    send_loading_state: bool = False
+    include_aliases_in_list: bool = False
+    max_body_bytes: int = 33_554_432
+    macros: Mapping[str, str] = attrs.field(factory=dict)
+    routing: Routing = Routing()
+    hooks: Hooks = Hooks()
+    peers: Mapping[str, PeerConfig] = attrs.field(factory=dict)
+
+    def resolve(self, name: str) -> str | None:
+        """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""
+        if name in self.models:
+            return name
+        for model_id, model in self.models.items():
+            if name in model.aliases:
+                return model_id
+        return None

@@ -1,0 +1,112 @@
+"""TOML key paths and near-miss suggestions, for error messages.
+
+Every configuration problem names the place it was found as a dotted TOML key path, written
+the way a user would write it in the file: ``models.chat.ttl``, ``models."qwen2.5".env.HOME``,
+``models.chat.aliases[1]``. A path is built as a tuple of parts (``str`` for a table key,
+``int`` for an array index) and turned into text here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import attrs
+
+__all__ = [
+    "Part",
+    "Path",
+    "Problem",
+    "did_you_mean",
+    "format_path",
+    "known_list",
+    "suggestion",
+]
+
+Part = str | int
+Path = tuple[Part, ...]
+
+
+@attrs.frozen
+class Problem:
+    """One problem found before the config exists as objects, at a raw key path.
+
+    Attributes:
+        path: the offending key (for ``missing``/``unknown``, that key itself).
+        message: the user-facing message.
+        kind: ``"value"`` (a bad value), ``"missing"`` (a required key is absent) or
+            ``"unknown"`` (a key the table does not have).
+    """
+
+    path: Path
+    message: str
+    kind: Literal["value", "missing", "unknown"] = "value"
+
+
+# A key TOML accepts without quotes.
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def format_path(parts: Sequence[Part]) -> str:
+    """Render a key path as TOML would spell it.
+
+    Args:
+        parts: table keys (``str``) and array indices (``int``), outermost first.
+
+    Returns:
+        The dotted path, e.g. ``models.chat.aliases[0]``; keys that are not bare TOML keys
+        are double-quoted (``models."qwen2.5".ttl``). An empty path renders as ``""``.
+    """
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        text = part if _BARE_KEY.fullmatch(part) else _quote(part)
+        out = f"{out}.{text}" if out else text
+    return out
+
+
+def _quote(key: str) -> str:
+    escaped = key.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to ``word`` when one is close enough to be a likely typo.
+
+    Case differences alone always count as close (``healthchecktimeout`` finds
+    ``healthCheckTimeout``).
+    """
+    options = list(choices)
+    by_lower = {choice.lower(): choice for choice in options}
+    if word.lower() in by_lower:
+        return by_lower[word.lower()]
+    matches = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.7)
+    if matches:
+        return by_lower[matches[0]]
+    # A truncated or extended word ("warning" for "warn") is a likely typo too.
+    for lower, choice in by_lower.items():
+        if min(len(lower), len(word)) >= 3 and (
+            lower.startswith(word.lower()) or word.lower().startswith(lower)
+        ):
+            return choice
+    return None
+
+
+def known_list(choices: Iterable[str]) -> str:
+    """Quoted, sorted, comma-separated choices for a message: ``'a', 'b'``."""
+    return ", ".join(repr(choice) for choice in sorted(choices))
+
+
+def suggestion(word: str, choices: Iterable[str], *, noun: str = "keys") -> str:
+    """A message tail: ``did you mean 'x'?`` or, with no close match, the known choices."""
+    options = list(choices)
+    close = did_you_mean(word, options)
+    if close is not None:
+        return f"did you mean {close!r}?"
+    if not options:
+        return f"no {noun} are defined"
+    return f"known {noun}: {known_list(options)}"

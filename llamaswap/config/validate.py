@@ -1,0 +1,227 @@
+"""Checks that need the whole config: ranges, URLs, cross references, matrix sets.
+
+Runs after structuring, so every value already has its type. Each check appends to one list
+so a user sees every problem in a single run of ``check-config``.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import Collection, Mapping, Sequence
+
+import attrs
+
+from .matrix_expr import check_sets
+from .model import CHECK_NONE, Config
+from .paths import Path, Problem, format_path, suggestion
+
+__all__ = ["MAX_SWAP_AFFINITY_BONUS", "validate"]
+
+MAX_SWAP_AFFINITY_BONUS = 99
+_GROUPS: Path = ("routing", "router", "settings", "groups")
+_MATRIX: Path = ("routing", "router", "settings", "matrix")
+_SERIAL: Path = ("routing", "scheduler", "settings", "serial")
+
+logger = logging.getLogger("llamaswap.config")
+
+
+def validate(
+    config: Config, *, dropped: Mapping[str, Sequence[str]] | None = None
+) -> tuple[Config, list[Problem]]:
+    """Check what the types alone cannot, and apply the one silent fix (the bonus cap).
+
+    Args:
+        config: the structured config.
+        dropped: models missing from ``config`` because they were invalid (and already
+            reported), by ID, with their aliases; references to them are not reported again.
+
+    Returns:
+        The config (with ``swapAffinityBonus`` capped) and every problem found.
+    """
+    problems: list[Problem] = []
+    _check_top_level(config, problems)
+    lost: Mapping[str, Sequence[str]] = dropped or {}
+    _check_models(config, lost, problems)
+    model_ids = {*config.models, *lost}
+    names = set(model_ids)
+    for aliases in [*(model.aliases for model in config.models.values()), *lost.values()]:
+        names.update(aliases)
+    _check_groups(config, model_ids, names, problems)
+    _check_matrix(config, model_ids, problems)
+    priority = ("routing", "scheduler", "settings", "fifo", "priority")
+    for name in config.routing.scheduler.settings.fifo.priority:
+        _check_reference(name, (*priority, name), names, problems)
+    for index, name in enumerate(config.hooks.on_startup.preload):
+        _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
+    _check_peers(config, problems)
+    return _cap_bonus(config, problems), problems
+
+
+def _check_top_level(config: Config, problems: list[Problem]) -> None:
+    if not 1 <= config.start_port <= 65535:
+        problems.append(
+            Problem(("startPort",), f"expected a port from 1 to 65535, got {config.start_port!r}")
+        )
+    if config.max_body_bytes < 1:
+        problems.append(
+            Problem(("maxBodyBytes",), f"expected 1 or more bytes, got {config.max_body_bytes!r}")
+        )
+
+
+def _check_url(url: str, path: Path, problems: list[Problem]) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        problems.append(Problem(path, f"expected an http:// or https:// URL, got {url!r}"))
+
+
+def _check_models(config: Config, dropped: Collection[str], problems: list[Problem]) -> None:
+    owners: dict[str, str] = {}  # alias -> model ID that claimed it first
+    for model_id, model in config.models.items():
+        base: Path = ("models", model_id)
+        if any(char.isspace() for char in model_id) or not model_id:
+            problems.append(
+                Problem(base, f"model ID {model_id!r} must not be empty or contain whitespace")
+            )
+        _check_url(model.proxy, (*base, "proxy"), problems)
+        if model.check_endpoint != CHECK_NONE and not model.check_endpoint.startswith("/"):
+            problems.append(
+                Problem(
+                    (*base, "checkEndpoint"),
+                    f"expected a path starting with '/' or \"none\", got {model.check_endpoint!r}",
+                )
+            )
+        if model.concurrency_limit < 1:
+            problems.append(
+                Problem(
+                    (*base, "concurrencyLimit"),
+                    f"expected 1 or more, got {model.concurrency_limit!r}",
+                )
+            )
+        for index, alias in enumerate(model.aliases):
+            path = (*base, "aliases", index)
+            if any(char.isspace() for char in alias) or not alias:
+                problems.append(
+                    Problem(path, f"alias {alias!r} must not be empty or contain whitespace")
+                )
+            elif (alias in config.models or alias in dropped) and alias != model_id:
+                problems.append(
+                    Problem(
+                        path,
+                        f"alias {alias!r} is already the ID of {format_path(('models', alias))}",
+                    )
+                )
+            elif alias in owners:
+                owner = format_path(("models", owners[alias]))
+                problems.append(Problem(path, f"alias {alias!r} is already used by {owner}"))
+            else:
+                owners[alias] = model_id
+
+
+def _check_reference(
+    name: str, path: Path, names: Collection[str], problems: list[Problem]
+) -> None:
+    if name not in names:
+        hint = suggestion(name, names, noun="models and aliases")
+        problems.append(Problem(path, f"unknown model or alias {name!r}; {hint}"))
+
+
+def _check_groups(
+    config: Config, model_ids: Collection[str], names: Collection[str], problems: list[Problem]
+) -> None:
+    member_of: dict[str, str] = {}
+    for group_name, group in config.routing.router.settings.groups.items():
+        for index, member in enumerate(group.members):
+            path = (*_GROUPS, group_name, "members", index)
+            if member not in model_ids:
+                if member not in names:
+                    hint = suggestion(member, model_ids, noun="models")
+                    problems.append(Problem(path, f"unknown model {member!r}; {hint}"))
+                elif (owner := config.resolve(member)) is not None:
+                    problems.append(
+                        Problem(path, f"{member!r} is an alias; list the model ID {owner!r}")
+                    )
+            elif member_of.get(member) == group_name:
+                problems.append(Problem(path, f"model {member!r} is listed twice"))
+            elif member in member_of:
+                problems.append(
+                    Problem(
+                        path,
+                        f"model {member!r} is already in group {member_of[member]!r}; "
+                        "a model may be in one group only",
+                    )
+                )
+            else:
+                member_of[member] = group_name
+
+
+def _check_matrix(config: Config, model_ids: Collection[str], problems: list[Problem]) -> None:
+    router = config.routing.router
+    matrix = router.settings.matrix
+    if matrix is None:
+        if router.use == "matrix":
+            problems.append(
+                Problem(
+                    _MATRIX,
+                    'required when routing.router.use = "matrix"; define vars and sets there',
+                )
+            )
+        return
+    for var, model_id in matrix.vars.items():
+        if model_id not in model_ids:
+            hint = suggestion(model_id, model_ids, noun="models")
+            problems.append(
+                Problem((*_MATRIX, "vars", var), f"unknown model {model_id!r}; {hint}")
+            )
+    for var, cost in matrix.evict_costs.items():
+        path = (*_MATRIX, "evict_costs", var)
+        if var not in matrix.vars:
+            problems.append(
+                Problem(path, f"unknown var {var!r}; {suggestion(var, matrix.vars, noun='vars')}")
+            )
+        elif cost < 1:
+            problems.append(Problem(path, f"expected a positive integer, got {cost!r}"))
+    _, errors = check_sets(matrix.sets, matrix.vars)
+    for error in errors:
+        problems.append(Problem((*_MATRIX, "sets", error.set_name), error.message))
+
+
+def _check_peers(config: Config, problems: list[Problem]) -> None:
+    for peer_id, peer in config.peers.items():
+        base: Path = ("peers", peer_id)
+        if "/" in peer_id or not peer_id or any(char.isspace() for char in peer_id):
+            problems.append(
+                Problem(
+                    base, f"peer ID {peer_id!r} must not be empty or contain '/' or whitespace"
+                )
+            )
+        _check_url(peer.proxy, (*base, "proxy"), problems)
+        if not peer.models:
+            problems.append(Problem((*base, "models"), "expected at least one model name"))
+        for index, name in enumerate(peer.models):
+            if not name:
+                problems.append(Problem((*base, "models", index), "expected a model name, got ''"))
+
+
+def _cap_bonus(config: Config, problems: list[Problem]) -> Config:
+    serial = config.routing.scheduler.settings.serial
+    if serial.swap_affinity_bonus < 0:
+        problems.append(
+            Problem(
+                (*_SERIAL, "swapAffinityBonus"),
+                f"expected 0 or more, got {serial.swap_affinity_bonus!r}",
+            )
+        )
+    if config.routing.scheduler.settings.serial.swap_affinity_bonus <= MAX_SWAP_AFFINITY_BONUS:
+        return config
+    logger.warning(
+        "%s = %d is above %d; using %d",
+        format_path((*_SERIAL, "swapAffinityBonus")),
+        serial.swap_affinity_bonus,
+        MAX_SWAP_AFFINITY_BONUS,
+        MAX_SWAP_AFFINITY_BONUS,
+    )
+    capped = attrs.evolve(serial, swap_affinity_bonus=MAX_SWAP_AFFINITY_BONUS)
+    settings = attrs.evolve(config.routing.scheduler.settings, serial=capped)
+    scheduler = attrs.evolve(config.routing.scheduler, settings=settings)
+    return attrs.evolve(config, routing=attrs.evolve(config.routing, scheduler=scheduler))

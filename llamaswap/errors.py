@@ -1,0 +1,165 @@
+"""Every error llamaswap raises on purpose.
+
+::
+
+    LlamaSwapError
+    ├── ConfigError                 the configuration file is invalid (every problem at once)
+    └── RequestError                answered to an HTTP client (status and body: proxy/errors.py)
+        ├── BadRequest              400  body is not JSON, or names no model
+        ├── Unauthorized            401  missing or wrong API key
+        ├── ModelNotFound           404  no model, alias or peer model by that name
+        ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
+        ├── ConcurrencyLimit        429  the model already has ``concurrencyLimit`` requests
+        ├── ModelStartFailed        502  the model exited or timed out while starting
+        ├── UpstreamError           502  the model server refused or broke the connection
+        ├── ModelUnloaded           503  we stopped the model while the request waited
+        └── ShuttingDown            503  llamaswap is stopping
+
+"We stopped it" and "it broke" are different errors: ``ModelUnloaded`` and
+``ShuttingDown`` are our own doing, ``ModelStartFailed`` and ``UpstreamError`` are
+the model server's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = [
+    "BadRequest",
+    "BodyTooLarge",
+    "ConcurrencyLimit",
+    "ConfigError",
+    "ConfigProblem",
+    "LlamaSwapError",
+    "ModelNotFound",
+    "ModelStartFailed",
+    "ModelUnloaded",
+    "RequestError",
+    "ShuttingDown",
+    "Unauthorized",
+    "UpstreamError",
+]
+
+
+class LlamaSwapError(Exception):
+    """Base class of every error llamaswap raises on purpose."""
+
+
+@attrs.frozen
+class ConfigProblem:
+    """One thing wrong with a configuration file.
+
+    Attributes:
+        path: dotted key path, e.g. ``models.chat.ttl``; empty for the whole file.
+        message: what is wrong and, where possible, what to write instead.
+        line: 1-based line for TOML syntax errors, else ``None``.
+        column: 1-based column for TOML syntax errors, else ``None``.
+    """
+
+    path: str
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+    def render(self, file: str) -> str:
+        if self.line is not None:
+            return f"{file}:{self.line}:{self.column}: {self.message}"
+        where = f"{file}: {self.path}" if self.path else file
+        return f"{where}: {self.message}"
+
+
+class ConfigError(LlamaSwapError):
+    """The configuration is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, file: str, problems: Sequence[ConfigProblem]) -> None:
+        self.file = file
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  {p.render(file)}" for p in self.problems)
+        count = len(self.problems)
+        super().__init__(f"{count} problem{'s' if count != 1 else ''} in {file}:\n{lines}")
+
+
+class RequestError(LlamaSwapError):
+    """An error answered to an HTTP client; proxy/errors.py maps each class to a status."""
+
+
+class BadRequest(RequestError):
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message)
+
+
+class Unauthorized(RequestError):
+    def __init__(self) -> None:
+        super().__init__(
+            "missing or invalid API key; "
+            "send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+        )
+
+
+class ModelNotFound(RequestError):
+    def __init__(self, model: str) -> None:
+        self.model = model
+        super().__init__(f"model {model!r} not found; GET /v1/models lists the models")
+
+
+class BodyTooLarge(RequestError):
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            f"request body is larger than {limit} bytes; raise maxBodyBytes to accept it"
+        )
+
+
+class ConcurrencyLimit(RequestError):
+    def __init__(self, model: str, limit: int) -> None:
+        self.model = model
+        self.limit = limit
+        super().__init__(
+            f"model {model!r} already has {limit} requests waiting or running "
+            f"(models.{model}.concurrencyLimit); retry shortly"
+        )
+
+
+class ModelStartFailed(RequestError):
+    """The model server did not become ready: it exited, or ``healthCheckTimeout`` passed."""
+
+    def __init__(
+        self,
+        model: str,
+        reason: str,
+        *,
+        log_tail: Sequence[str] = (),
+        exit_code: int | None = None,
+    ) -> None:
+        self.model = model
+        self.reason = reason
+        self.log_tail = tuple(log_tail)
+        self.exit_code = exit_code
+        message = f"model {model!r} failed to start: {reason}"
+        if self.log_tail:
+            message += " (last output: " + " | ".join(self.log_tail) + ")"
+        super().__init__(f"{message}; check models.{model}.cmd")
+
+
+class UpstreamError(RequestError):
+    """The model server refused the connection or broke it mid-request."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        self.model = model
+        self.detail = detail
+        super().__init__(f"model {model!r} upstream error: {detail}")
+
+
+class ModelUnloaded(RequestError):
+    def __init__(self, model: str, reason: str = "unloaded") -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"model {model!r} was unloaded while the request waited ({reason})")
+
+
+class ShuttingDown(RequestError):
+    def __init__(self) -> None:
+        super().__init__("llamaswap is shutting down")

@@ -1,0 +1,141 @@
+"""Starting processes: the seam between the supervisor and the operating system.
+
+The supervisor only sees the ``Spawner`` and ``ProcessHandle`` protocols, so its state
+machine runs on Trio's mock clock against a fake, and here against real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, final
+
+import trio
+
+from .lifeline import Lifeline
+
+__all__ = ["ProcessHandle", "Spawner", "SubprocessHandle", "SubprocessSpawner"]
+
+MAX_LINE_BYTES = 16 * 1024
+
+
+class ProcessHandle(Protocol):
+    """A started process that leads its own process group."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has exited (negative: killed by that signal)."""
+
+    async def wait(self) -> int:
+        """Wait for the exit and reap; safe to call from several tasks."""
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group; a group already gone is not an error."""
+
+    async def pump_output(self, sink: Callable[[str], None]) -> None:
+        """Call ``sink`` with each line of stdout and stderr until both close."""
+
+
+class Spawner(Protocol):
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> ProcessHandle:
+        """Start ``argv`` without a shell, in a new process group, with exactly ``env``.
+
+        Raises:
+            OSError: the program could not be executed (not found, not executable).
+        """
+
+    async def run(
+        self, argv: Sequence[str], env: Mapping[str, str], sink: Callable[[str], None]
+    ) -> int:
+        """Run ``argv`` to completion (used for ``cmdStop``), its output into ``sink``."""
+
+
+@final
+class SubprocessHandle:
+    def __init__(self, process: trio.Process, lifeline: Lifeline | None) -> None:
+        self._process = process
+        self._lifeline = lifeline
+        self._reaped = False
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def wait(self) -> int:
+        code = await self._process.wait()
+        if not self._reaped:
+            self._reaped = True
+            # Whatever the leader left behind in its group dies with it.
+            self.signal_group(signal.SIGKILL)
+            if self._lifeline is not None:
+                self._lifeline.forget(self.pid)
+        return code
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def pump_output(self, sink: Callable[[str], None]) -> None:
+        stream = self._process.stdout
+        assert stream is not None
+        await _pump_lines(stream, sink)
+
+
+async def _pump_lines(stream: trio.abc.ReceiveStream, sink: Callable[[str], None]) -> None:
+    pending = b""
+    while chunk := await stream.receive_some():
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            sink(_decode(line))
+        while len(pending) > MAX_LINE_BYTES:
+            sink(_decode(pending[:MAX_LINE_BYTES]))
+            pending = pending[MAX_LINE_BYTES:]
+    if pending:
+        sink(_decode(pending))
+
+
+def _decode(line: bytes) -> str:
+    return line.rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+@final
+class SubprocessSpawner:
+    """Starts real processes, each registered with the lifeline guard when one is given."""
+
+    def __init__(self, lifeline: Lifeline | None = None) -> None:
+        self._lifeline = lifeline
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> SubprocessHandle:
+        process = await trio.lowlevel.open_process(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=None if self._lifeline is None else self._lifeline.register_self,
+        )
+        return SubprocessHandle(process, self._lifeline)
+
+    async def run(
+        self, argv: Sequence[str], env: Mapping[str, str], sink: Callable[[str], None]
+    ) -> int:
+        handle = await self.spawn(argv, env)
+        try:
+            await handle.pump_output(sink)
+            return await handle.wait()
+        finally:
+            if handle.returncode is None:
+                handle.signal_group(signal.SIGKILL)
+                with trio.CancelScope(shield=True):
+                    await handle.wait()

@@ -1,0 +1,406 @@
+"""One supervisor per model: start, health-check, stop, TTL and crash detection.
+
+Ownership: ``ModelSupervisor.run`` owns a nursery for as long as llamaswap serves. Each
+start of the model's server is one *run*: a task in that nursery that spawns the process,
+captures its output, polls readiness, waits for the exit, and in its ``finally`` always
+stops and reaps the process (shielded, bounded by ``unloadTimeout`` then SIGKILL). Stopping
+a model is cancelling its run's cancel scope, with the reason.
+
+Callers never touch the process. ``ensure_ready()`` starts the model or joins the start
+in progress (and waits out a stop in progress first), so it never acts on a stale state;
+``stop()`` stops it. A start that every caller of ``ensure_ready()`` has abandoned is
+aborted at once and its process killed: that is how a load nobody waits for any more ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from collections.abc import Callable
+from typing import final
+
+import attrs
+import trio
+
+from ..config.model import ModelConfig
+from ..errors import ModelStartFailed, ModelUnloaded, RequestError
+from .health import Probe
+from .logring import LogRing
+from .spawn import ProcessHandle, Spawner
+from .state import ModelState, check_transition
+
+__all__ = ["ModelStatistics", "ModelSupervisor", "StateListener"]
+
+logger = logging.getLogger("llamaswap.process")
+
+#: Seconds between readiness probes: readiness is seen well within 100 ms of turning healthy.
+HEALTH_POLL_INTERVAL = 0.02
+#: Lines of output quoted in a start failure.
+LOG_TAIL_LINES = 5
+#: How long a dead process's output may take to reach end of file before we stop reading.
+OUTPUT_DRAIN_SECONDS = 1.0
+
+StateListener = Callable[[str, ModelState], None]
+
+
+@attrs.frozen
+class ModelStatistics:
+    model: str
+    state: ModelState
+    pid: int | None
+    in_flight: int
+    starts: int
+    start_failures: int
+    crashes: int
+    last_exit_code: int | None
+    ready_since: float | None
+    idle_deadline: float
+
+
+@attrs.define(eq=False)
+class _Run:
+    """One start of the model's server, from spawn to reap."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    settled: trio.Event = attrs.field(factory=trio.Event)  # ready, or failed
+    stopped: trio.Event = attrs.field(factory=trio.Event)  # reaped
+    output_closed: trio.Event = attrs.field(factory=trio.Event)
+    error: RequestError | None = None
+    waiters: int = 0
+    pid: int | None = None
+    stop_reason: str | None = None
+
+
+@final
+class ModelSupervisor:
+    """Owns one model's server process.
+
+    Args:
+        model_id: the model's ID in the configuration.
+        config: its ``[models.ID]`` section.
+        spawner: starts processes (a fake in tests).
+        probe: the readiness check.
+        health_check_timeout: seconds a start may take before it fails.
+        listener: called synchronously on every state change; must not block.
+        poll_interval: seconds between readiness probes.
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        config: ModelConfig,
+        *,
+        spawner: Spawner,
+        probe: Probe,
+        health_check_timeout: float,
+        listener: StateListener | None = None,
+        poll_interval: float = HEALTH_POLL_INTERVAL,
+    ) -> None:
+        self.model_id = model_id
+        self.config = config
+        self.log = LogRing()
+        self._spawner = spawner
+        self._probe = probe
+        self._health_check_timeout = health_check_timeout
+        self._listener = listener
+        self._poll_interval = poll_interval
+        self._env = {**os.environ, **config.env}
+        self._state = ModelState.STOPPED
+        self._run: _Run | None = None
+        self._nursery: trio.Nursery | None = None
+        self._in_flight = 0
+        self._idle_deadline = math.inf
+        self._idle_scope = trio.CancelScope()
+        self._starts = 0
+        self._start_failures = 0
+        self._crashes = 0
+        self._last_exit_code: int | None = None
+        self._ready_since: float | None = None
+
+    # ---------------------------------------------------------------- service
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Supervise until cancelled; cancelling stops the process (polite, then SIGKILL)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._expire_idle)
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    @property
+    def state(self) -> ModelState:
+        return self._state
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def statistics(self) -> ModelStatistics:
+        return ModelStatistics(
+            model=self.model_id,
+            state=self._state,
+            pid=None if self._run is None else self._run.pid,
+            in_flight=self._in_flight,
+            starts=self._starts,
+            start_failures=self._start_failures,
+            crashes=self._crashes,
+            last_exit_code=self._last_exit_code,
+            ready_since=self._ready_since,
+            idle_deadline=self._idle_deadline,
+        )
+
+    # ------------------------------------------------------------ public API
+
+    async def ensure_ready(self) -> None:
+        """Return once the server is ready, starting it (or waiting out a stop) first.
+
+        Raises:
+            ModelStartFailed: the process exited, could not run, or missed the health deadline.
+            ModelUnloaded: the start was stopped (unload, eviction, shutdown) before ready.
+
+        *Cancellation*: a cancelled caller leaves the start; when no caller is left the
+        start is aborted and the process killed.
+        """
+        while True:
+            run = self._run
+            if run is None:
+                run = self._launch()
+            elif self._state is ModelState.STOPPING:
+                await run.stopped.wait()
+                continue
+            elif self._state is ModelState.READY:
+                return
+            run.waiters += 1
+            try:
+                await run.settled.wait()
+            finally:
+                run.waiters -= 1
+                if run.waiters == 0 and not run.settled.is_set():
+                    self._request_stop(run, "start abandoned: nobody waits for it any more")
+            if run.error is not None:
+                raise run.error
+            return
+
+    async def stop(self, reason: str) -> None:
+        """Stop the server (aborting a start) and return once the process is reaped.
+
+        *Cancellation*: the stop goes on without the cancelled caller.
+        """
+        run = self._run
+        if run is None:
+            return
+        self._request_stop(run, reason)
+        await run.stopped.wait()
+
+    def begin_request(self) -> None:
+        """A request is now in flight: the model must not be unloaded for idleness."""
+        self._in_flight += 1
+        self._set_idle_deadline(math.inf)
+
+    def end_request(self) -> None:
+        """A request has finished: the idle (TTL) clock restarts from now."""
+        self._in_flight -= 1
+        self._arm_ttl()
+
+    # --------------------------------------------------------------- the run
+
+    def _launch(self) -> _Run:
+        if self._nursery is None:
+            raise RuntimeError(f"model {self.model_id!r}: supervisor is not running")
+        run = _Run()
+        self._run = run
+        self._starts += 1
+        self._set_state(ModelState.STARTING)
+        self._nursery.start_soon(self._lifetime, run, name=f"model {self.model_id}")
+        return run
+
+    def _request_stop(self, run: _Run, reason: str) -> None:
+        if run is not self._run or self._state in (ModelState.STOPPING, ModelState.STOPPED):
+            return
+        run.stop_reason = reason
+        self._set_state(ModelState.STOPPING)
+        self._set_idle_deadline(math.inf)
+        logger.info("model %r: stopping (%s)", self.model_id, reason)
+        run.scope.cancel(reason=f"model {self.model_id!r}: {reason}")
+
+    async def _lifetime(self, run: _Run) -> None:
+        process: ProcessHandle | None = None
+        try:
+            with run.scope:
+                process = await self._spawn(run)
+                if process is not None:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._capture_output, run, process)
+                        await self._supervise(run, process)
+                        nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                if process is not None:
+                    await self._terminate(run, process)
+            self._finish(run)
+
+    async def _spawn(self, run: _Run) -> ProcessHandle | None:
+        try:
+            process = await self._spawner.spawn(self.config.cmd, self._env)
+        except OSError as exc:
+            run.output_closed.set()
+            reason = f"cannot run {self.config.cmd[0]!r}: {exc.strerror or exc}"
+            self._fail(run, ModelStartFailed(self.model_id, reason))
+            return None
+        run.pid = process.pid
+        logger.info("model %r: started pid %d", self.model_id, process.pid)
+        return process
+
+    async def _supervise(self, run: _Run, process: ProcessHandle) -> None:
+        """Wait for readiness, then for the process to exit by itself (a crash)."""
+        failure = await self._await_ready(run, process)
+        if failure is not None:
+            self._fail(run, failure)
+            return
+        self._ready_since = trio.current_time()
+        self._set_state(ModelState.READY)
+        run.settled.set()
+        self._arm_ttl()
+        code = await process.wait()
+        self._crashes += 1
+        await self._drain_output(run)
+        logger.warning(
+            "model %r: exited unexpectedly with status %d (last output: %s)",
+            self.model_id,
+            code,
+            " | ".join(self.log.tail(LOG_TAIL_LINES)),
+        )
+
+    def _fail(self, run: _Run, failure: ModelStartFailed) -> None:
+        self._start_failures += 1
+        logger.warning("%s", failure)
+        run.error = failure
+
+    def _finish(self, run: _Run) -> None:
+        if run.error is None and not run.settled.is_set():
+            run.error = ModelUnloaded(self.model_id, run.stop_reason or "stopped")
+        self._run = None
+        self._ready_since = None
+        self._set_state(ModelState.STOPPED)
+        run.settled.set()
+        run.stopped.set()
+
+    async def _capture_output(self, run: _Run, process: ProcessHandle) -> None:
+        prefix = f"[{self.model_id}] "
+
+        def sink(line: str) -> None:
+            self.log.append(trio.current_time(), line)
+            logger.debug("%s%s", prefix, line)
+
+        try:
+            await process.pump_output(sink)
+        finally:
+            run.output_closed.set()
+
+    async def _drain_output(self, run: _Run) -> None:
+        """Give a dead process's last lines a moment to arrive (for the error message)."""
+        with trio.move_on_after(OUTPUT_DRAIN_SECONDS):
+            await run.output_closed.wait()
+
+    async def _await_ready(self, run: _Run, process: ProcessHandle) -> ModelStartFailed | None:
+        """Poll the check endpoint; the failure if the process exits or the deadline passes."""
+        url = self.config.health_url
+        if url is None:
+            return None
+        ready = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch_exit() -> None:
+                await process.wait()
+                nursery.cancel_scope.cancel(reason="process exited while starting")
+
+            nursery.start_soon(watch_exit)
+            with trio.move_on_after(self._health_check_timeout):
+                while not await self._probe(url):  # noqa: ASYNC110 (polling HTTP is the point)
+                    await trio.sleep(self._poll_interval)
+                ready = True
+            nursery.cancel_scope.cancel(reason="readiness decided")
+        if ready:
+            return None
+        if process.returncode is not None:
+            await self._drain_output(run)
+            return ModelStartFailed(
+                self.model_id,
+                f"exited with status {process.returncode} while starting",
+                log_tail=self.log.tail(LOG_TAIL_LINES),
+                exit_code=process.returncode,
+            )
+        return ModelStartFailed(
+            self.model_id,
+            f"not ready after healthCheckTimeout ({self._health_check_timeout:g}s)",
+            log_tail=self.log.tail(LOG_TAIL_LINES),
+        )
+
+    async def _terminate(self, run: _Run, process: ProcessHandle) -> None:
+        """Polite stop, SIGKILL after ``unloadTimeout``, always reap. Runs shielded."""
+        if process.returncode is None:
+            if self._state is not ModelState.STOPPING:
+                run.stop_reason = run.stop_reason or "failed to start"
+                self._set_state(ModelState.STOPPING)
+            with trio.move_on_after(self.config.unload_timeout):
+                await self._polite_stop(process)
+                await process.wait()
+            if process.returncode is None:
+                logger.warning(
+                    "model %r: still running %gs after the stop request (unloadTimeout); "
+                    "sending SIGKILL",
+                    self.model_id,
+                    self.config.unload_timeout,
+                )
+                process.signal_group(signal.SIGKILL)
+        self._last_exit_code = await process.wait()
+        logger.info("model %r: stopped, exit status %d", self.model_id, self._last_exit_code)
+
+    async def _polite_stop(self, process: ProcessHandle) -> None:
+        if self.config.cmd_stop is None:
+            process.signal_group(signal.SIGTERM)
+            return
+        argv = [part.replace("${PID}", str(process.pid)) for part in self.config.cmd_stop]
+        prefix = f"[{self.model_id} cmdStop] "
+        await self._spawner.run(
+            argv, self._env, lambda line: self.log.append(trio.current_time(), prefix + line)
+        )
+
+    # ------------------------------------------------------------------- TTL
+
+    def _arm_ttl(self) -> None:
+        if self._state is ModelState.READY and self._in_flight == 0 and self.config.ttl > 0:
+            self._set_idle_deadline(trio.current_time() + self.config.ttl)
+
+    def _set_idle_deadline(self, deadline: float) -> None:
+        self._idle_deadline = deadline
+        self._idle_scope.deadline = deadline
+
+    async def _expire_idle(self) -> None:
+        """Unload the model ``ttl`` seconds after its last request (or after ready)."""
+        while True:
+            self._idle_scope = trio.CancelScope(deadline=self._idle_deadline)
+            with self._idle_scope:
+                await trio.sleep_forever()
+            if (
+                self._run is not None
+                and self._state is ModelState.READY
+                and self._in_flight == 0
+                and trio.current_time() >= self._idle_deadline
+            ):
+                self._request_stop(self._run, f"idle for ttl={self.config.ttl:g}s")
+
+    # ----------------------------------------------------------------- state
+
+    def _set_state(self, new: ModelState) -> None:
+        check_transition(self.model_id, self._state, new)
+        self._state = new
+        if new is not ModelState.READY:
+            self._set_idle_deadline(math.inf)
+        if self._listener is not None:
+            self._listener(self.model_id, new)

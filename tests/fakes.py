@@ -1,0 +1,214 @@
+"""Fakes implementing llamaswap's Protocols, for tests on Trio's mock clock."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from typing import final
+
+import attrs
+import trio
+
+from llamaswap.errors import RequestError
+from llamaswap.process import ModelState
+from llamaswap.schedulers.base import Scheduler, Swap, Ticket
+
+
+@attrs.define(eq=False)
+class Script:
+    """How a fake process behaves, in seconds after it was spawned."""
+
+    healthy_after: float | None = 0.0
+    exit_after: float | None = None
+    exit_code: int = 1
+    ignores_sigterm: bool = False
+    output: Sequence[str] = ()
+
+
+@final
+@attrs.define(eq=False)
+class FakeProcess:
+    pid: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    script: Script
+    spawned_at: float
+    signals: list[tuple[float, int]] = attrs.field(factory=list)
+    _code: int | None = None
+    _exited: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self._code is not None
+        return self._code
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append((trio.current_time(), sig))
+        if sig == signal.SIGKILL:
+            self.exit(-signal.SIGKILL)
+        elif sig == signal.SIGTERM and not self.script.ignores_sigterm:
+            self.exit(0)
+
+    def exit(self, code: int) -> None:
+        if self._code is None:
+            self._code = code
+            self._exited.set()
+
+    def healthy(self) -> bool:
+        after = self.script.healthy_after
+        return (
+            self._code is None
+            and after is not None
+            and trio.current_time() >= self.spawned_at + after
+        )
+
+    async def pump_output(self, sink: Callable[[str], None]) -> None:
+        for line in self.script.output:
+            sink(line)
+        await self._exited.wait()
+
+
+@final
+class FakeSpawner:
+    """Spawns ``FakeProcess``es following ``script``; runs their timers in ``nursery``."""
+
+    def __init__(self, nursery: trio.Nursery, script: Script | None = None) -> None:
+        self.script = script or Script()
+        self.processes: list[FakeProcess] = []
+        self.commands: list[tuple[str, ...]] = []
+        self.fail_with: OSError | None = None
+        self._nursery = nursery
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeProcess:
+        await trio.lowlevel.checkpoint()
+        if self.fail_with is not None:
+            raise self.fail_with
+        process = FakeProcess(
+            pid=1000 + len(self.processes),
+            argv=tuple(argv),
+            env=env,
+            script=self.script,
+            spawned_at=trio.current_time(),
+        )
+        self.processes.append(process)
+        if self.script.exit_after is not None:
+            self._nursery.start_soon(self._exit_later, process, self.script.exit_after)
+        return process
+
+    async def _exit_later(self, process: FakeProcess, delay: float) -> None:
+        await trio.sleep(delay)
+        process.exit(self.script.exit_code)
+
+    async def run(
+        self, argv: Sequence[str], env: Mapping[str, str], sink: Callable[[str], None]
+    ) -> int:
+        """``cmdStop``: records the command, and terminates the process whose PID it names."""
+        await trio.lowlevel.checkpoint()
+        self.commands.append(tuple(argv))
+        for process in self.processes:
+            if str(process.pid) in argv:
+                process.exit(0)
+        return 0
+
+    @property
+    def last(self) -> FakeProcess:
+        return self.processes[-1]
+
+
+@final
+class FakeProbe:
+    """Healthy when the newest process of ``spawner`` says so."""
+
+    def __init__(self, spawner: FakeSpawner) -> None:
+        self._spawner = spawner
+        self.urls: list[str] = []
+
+    async def __call__(self, url: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        self.urls.append(url)
+        return bool(self._spawner.processes) and self._spawner.last.healthy()
+
+
+@final
+class StateRecorder:
+    """A supervisor listener that records transitions and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.history: list[tuple[str, ModelState]] = []
+        self._changed = trio.Event()
+
+    def __call__(self, model: str, state: ModelState) -> None:
+        self.history.append((model, state))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def states(self, model: str | None = None) -> list[ModelState]:
+        return [s for m, s in self.history if model is None or m == model]
+
+    async def wait_for(self, state: ModelState, model: str | None = None) -> None:
+        """Wait until ``model`` (or any model) enters ``state`` after this call."""
+        seen = len(self.history)
+        while True:
+            await self._changed.wait()
+            if any(s is state and (model is None or m == model) for m, s in self.history[seen:]):
+                return
+            seen = len(self.history)
+
+
+@final
+class FakeEffects:
+    """Records what a scheduler asks for; the test plays the router's part by hand."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self.states: dict[str, ModelState] = {}
+        self.granted: list[Ticket] = []
+        self.failed: list[tuple[Ticket, RequestError]] = []
+        self.swaps: list[Swap] = []
+        self.cancelled: list[tuple[Swap, str]] = []
+
+    def now(self) -> float:
+        return self.time
+
+    def model_state(self, model: str) -> ModelState:
+        return self.states.get(model, ModelState.STOPPED)
+
+    def running_models(self) -> set[str]:
+        return {m for m, s in self.states.items() if s is not ModelState.STOPPED}
+
+    def start_swap(self, swap: Swap) -> None:
+        self.swaps.append(swap)
+
+    def cancel_swap(self, swap: Swap, reason: str) -> None:
+        self.cancelled.append((swap, reason))
+
+    def grant(self, ticket: Ticket) -> None:
+        self.granted.append(ticket)
+
+    def fail(self, ticket: Ticket, error: RequestError) -> None:
+        self.failed.append((ticket, error))
+
+    def complete(
+        self, scheduler: Scheduler, swap: Swap, error: RequestError | None = None
+    ) -> None:
+        """Play the swap's task to its end: evictions stopped, target ready (or not)."""
+        for model in swap.evict:
+            self.states[model] = ModelState.STOPPED
+        self.states[swap.target] = ModelState.STOPPED if error else ModelState.READY
+        scheduler.on_swap_done(swap, error)
+
+    def last_swap(self) -> Swap:
+        return self.swaps[-1]
+
+    def granted_models(self) -> list[str]:
+        return [t.model for t in self.granted]
+
+
+def ticket(model: str, seq: int, *, priority: int = 0, arrival: float | None = None) -> Ticket:
+    return Ticket(
+        model, priority=priority, seq=seq, arrival=float(seq) if arrival is None else arrival
+    )
