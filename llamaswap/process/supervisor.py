@@ -234,14 +234,16 @@ class ModelSupervisor:
             with run.scope:
                 process = await self._spawn(run)
                 if process is not None:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._capture_output, run, process)
-                        await self._supervise(run, process)
-                        nursery.cancel_scope.cancel()
+                    # Output is read until end of file, beyond this scope: the lines a
+                    # server prints while it stops belong in its log too.
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._capture_output, run, process)
+                    await self._supervise(run, process)
         finally:
             with trio.CancelScope(shield=True):
                 if process is not None:
                     await self._terminate(run, process)
+                    await self._drain_output(run)
             self._finish(run)
 
     async def _spawn(self, run: _Run) -> ProcessHandle | None:

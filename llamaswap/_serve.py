@@ -1,0 +1,86 @@
+"""``serve()``: owns the root nursery; starts the router, then hypercorn.
+
+Task tree::
+
+    serve                               the root nursery
+    ├── open_lifeline                   guard process: models die with llamaswap
+    ├── Router.run                      supervisors (one task per model) + swap nursery
+    ├── hypercorn.trio.serve            one task per connection, the Application per request
+    └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3)
+
+Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
+to ``unloadTimeout`` to finish, stop every model (polite, then SIGKILL), return.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from functools import partial
+
+import httpx
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from llamaswap.config.model import Config
+from llamaswap.process import HttpProbe, SubprocessSpawner, open_lifeline
+from llamaswap.proxy import create_app
+from llamaswap.router import Router
+
+__all__ = ["serve"]
+
+logger = logging.getLogger("llamaswap")
+
+#: No read, write or pool timeout upstream: a slow first token or a long pause is normal.
+UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=10.0)
+
+
+def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
+    settings = hypercorn.config.Config()
+    settings.bind = [listen]
+    settings.accesslog = None
+    settings.graceful_timeout = config.unload_timeout
+    settings.keep_alive_timeout = 75.0
+    settings.h11_max_incomplete_size = 64 * 1024
+    return settings
+
+
+async def serve(
+    config: Config,
+    *,
+    listen: str,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``config`` on ``listen`` (``HOST:PORT``) until SIGINT or SIGTERM.
+
+    ``task_status.started`` receives the URL served, once requests are accepted.
+    """
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with (
+        open_lifeline() as lifeline,
+        httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=limits) as client,
+        trio.open_nursery() as nursery,
+    ):
+        router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(client))
+        await nursery.start(router.run)
+        stop_accepting = trio.Event()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            binds = await nursery.start(
+                partial(
+                    hypercorn.trio.serve,
+                    create_app(config, router, client),
+                    _hypercorn_config(listen, config),
+                    shutdown_trigger=stop_accepting.wait,
+                )
+            )
+            url = binds[0]
+            for model in config.hooks.on_startup.preload:
+                nursery.start_soon(router.load, config.resolve(model) or model)
+            task_status.started(url)
+            async for signum in signals:
+                logger.info("received %s: shutting down", signal.Signals(signum).name)
+                break
+        stop_accepting.set()
+        await router.shutdown(grace=config.unload_timeout)
+        nursery.cancel_scope.cancel(reason="shut down")

@@ -1,0 +1,158 @@
+"""The HTTP application: proxied routes go to the Forwarder, everything else to Quart.
+
+The Quart-Trio app serves the management routes (SPEC §4.2): model lists, running
+models, load and unload. Routes receive finished services; no background task runs in
+``app.nursery``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, final
+
+import httpx
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from llamaswap.config.model import Config
+from llamaswap.errors import ModelNotFound, RequestError, Unauthorized
+from llamaswap.router import Router
+from llamaswap.router.names import Local, Names
+from llamaswap.schedulers import parse_priority
+from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
+
+from .auth import authorized
+from .errors import error_response
+from .forward import Forwarder
+
+__all__ = ["Application", "create_app"]
+
+
+@final
+class Application:
+    """The ASGI callable hypercorn serves."""
+
+    def __init__(self, quart: QuartTrio, forwarder: Forwarder) -> None:
+        self.quart = quart
+        self.forwarder = forwarder
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] == "http":
+            route = self.forwarder.route(scope)
+            if route is not None:
+                await self.forwarder(route, scope, receive, send)
+                return
+        await self.quart(scope, receive, send)
+
+
+def _json(document: Any) -> Response:
+    return Response(json.dumps(document), content_type="application/json")
+
+
+def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Application:
+    names = Names(config)
+    quart = QuartTrio("llamaswap")
+    # Generations may stream for many minutes: Quart's 60 s defaults would cut them.
+    quart.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None, MAX_CONTENT_LENGTH=None)
+    created = int(time.time())
+
+    def local(name: str) -> str:
+        target = names.resolve(name)
+        if not isinstance(target, Local):
+            raise ModelNotFound(name)
+        return target.model_id
+
+    @quart.errorhandler(RequestError)
+    async def answer_error(error: RequestError) -> Response:
+        status, headers, body = error_response(error)
+        return Response(body, status=status, headers=dict(headers))
+
+    @quart.before_request
+    async def check_key() -> None:
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        if request.path != "/health" and not authorized(config.api_keys, headers):
+            raise Unauthorized()
+
+    @quart.get("/health")
+    async def health() -> Response:
+        return Response("OK", content_type="text/plain")
+
+    @quart.get("/v1/models")
+    @quart.get("/models")
+    async def models() -> Response:
+        data = []
+        for model_id, model in config.models.items():
+            if model.unlisted:
+                continue
+            ids = [model_id, *(model.aliases if config.include_aliases_in_list else ())]
+            for entry_id in ids:
+                entry: dict[str, Any] = {
+                    "id": entry_id,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "llamaswap",
+                    "name": model.name or model_id,
+                    "description": model.description or "",
+                    "meta": dict(model.metadata),
+                }
+                data.append(entry)
+        for name in names.peer_models():
+            peer_id = name.split("/", 1)[0]
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "llamaswap",
+                    "name": name,
+                    "description": "",
+                    "meta": {"peer": peer_id},
+                }
+            )
+        return _json({"object": "list", "data": data})
+
+    @quart.get("/running")
+    async def running() -> Response:
+        entries = []
+        for model_id, supervisor in router.supervisors.items():
+            stats = supervisor.statistics()
+            if stats.state.value == "stopped":
+                continue
+            model = supervisor.config
+            entries.append(
+                {
+                    "model": model_id,
+                    "name": model.name or model_id,
+                    "state": stats.state.value,
+                    "proxy": model.proxy,
+                    "ttl": model.ttl,
+                    "pid": stats.pid,
+                    "in_flight": stats.in_flight,
+                }
+            )
+        return _json({"running": entries})
+
+    @quart.post("/api/models/load/<path:name>")
+    async def load(name: str) -> Response:
+        model_id = local(name)
+        priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
+        await router.load(model_id, priority=priority)
+        return _json({"model": model_id, "state": router.model_state(model_id).value})
+
+    @quart.post("/api/models/unload")
+    async def unload_all() -> Response:
+        stopped = sorted(router.running_models())
+        await router.unload()
+        return _json({"unloaded": stopped})
+
+    @quart.post("/api/models/unload/<path:name>")
+    async def unload(name: str) -> Response:
+        model_id = local(name)
+        await router.unload([model_id])
+        return _json({"unloaded": [model_id]})
+
+    return Application(quart, Forwarder(config, router, names, client))

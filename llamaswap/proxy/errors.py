@@ -1,0 +1,47 @@
+"""One table from error class to HTTP status and OpenAI-style body (SPEC §4.3)."""
+
+from __future__ import annotations
+
+import json
+
+from llamaswap.errors import (
+    BadRequest,
+    BodyTooLarge,
+    ConcurrencyLimit,
+    ModelNotFound,
+    ModelStartFailed,
+    ModelUnloaded,
+    RequestError,
+    ShuttingDown,
+    Unauthorized,
+    UpstreamError,
+)
+
+__all__ = ["error_response"]
+
+# class → (status, OpenAI error type, code, extra headers)
+_TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...]]] = {
+    BadRequest: (400, "invalid_request_error", "invalid_request", ()),
+    Unauthorized: (
+        401,
+        "authentication_error",
+        "invalid_api_key",
+        (("www-authenticate", 'Basic realm="llamaswap"'),),
+    ),
+    ModelNotFound: (404, "invalid_request_error", "model_not_found", ()),
+    BodyTooLarge: (413, "invalid_request_error", "request_too_large", ()),
+    ConcurrencyLimit: (429, "rate_limit_error", "concurrency_limit", (("retry-after", "1"),)),
+    ModelStartFailed: (502, "server_error", "model_start_failed", ()),
+    UpstreamError: (502, "server_error", "upstream_error", ()),
+    ModelUnloaded: (503, "server_error", "model_unloaded", ()),
+    ShuttingDown: (503, "server_error", "shutting_down", ()),
+}
+
+
+def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Status, headers and JSON body for ``error``."""
+    status, kind, code, extra = _TABLE[type(error)]
+    param = error.param if isinstance(error, BadRequest) else None
+    body = {"error": {"message": str(error), "type": kind, "code": code, "param": param}}
+    headers = [("content-type", "application/json"), *extra]
+    return status, headers, json.dumps(body).encode()

@@ -1,0 +1,146 @@
+"""Reading the model from a request, and rewriting the request for its model server.
+
+Inference routes name their model in the JSON body, in a multipart form field, or in
+the query string (SPEC §4.1). ``useModelName`` and ``filters`` rewrite the JSON body;
+when nothing changes, the original bytes are forwarded untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from werkzeug.sansio.multipart import (
+    Data,
+    Epilogue,
+    Field,
+    File,
+    MultipartDecoder,
+    MultipartEncoder,
+    NeedData,
+)
+
+from llamaswap.config.model import FilterConfig
+from llamaswap.errors import BadRequest
+
+__all__ = ["ModelIn", "read_model", "rewrite_body", "rewrite_query"]
+
+
+class ModelIn(enum.Enum):
+    JSON = "json"
+    MULTIPART = "multipart"
+    QUERY = "query"
+
+
+def read_model(where: ModelIn, body: bytes, content_type: str, query: bytes) -> str:
+    """The model named by the request.
+
+    Raises:
+        BadRequest: the body is not JSON (or not a form), or names no model.
+    """
+    if where is ModelIn.QUERY:
+        model = dict(parse_qsl(query.decode("latin-1"))).get("model")
+    elif where is ModelIn.JSON:
+        model = _json_object(body).get("model")
+    else:
+        model = _form_fields(body, content_type).get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("the request names no model: set the 'model' field", param="model")
+    return model
+
+
+def rewrite_body(
+    where: ModelIn,
+    body: bytes,
+    content_type: str,
+    *,
+    model: str | None,
+    filters: FilterConfig | None = None,
+) -> bytes:
+    """``body`` with ``model`` set (unless ``None``) and the filters applied."""
+    filters = filters or FilterConfig()
+    if where is ModelIn.JSON:
+        if model is None and not filters.strip_params and not filters.set_params:
+            return body
+        document = _json_object(body)
+        for key in filters.strip_params:
+            if key != "model":
+                document.pop(key, None)
+        for key, value in filters.set_params.items():
+            if key != "model":
+                document[key] = value
+        if model is not None:
+            document["model"] = model
+        return json.dumps(document, separators=(",", ":")).encode()
+    if where is ModelIn.MULTIPART and model is not None:
+        return _replace_form_field(body, content_type, "model", model)
+    return body
+
+
+def rewrite_query(query: bytes, model: str) -> bytes:
+    pairs = [(k, model if k == "model" else v) for k, v in parse_qsl(query.decode("latin-1"))]
+    return urlencode(pairs).encode("latin-1")
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return document
+
+
+def _boundary(content_type: str) -> bytes:
+    for part in content_type.split(";")[1:]:
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "boundary" and value:
+            return value.strip('"').encode("latin-1")
+    raise BadRequest("expected a multipart/form-data body with a boundary")
+
+
+def _events(body: bytes, content_type: str) -> list[Any]:
+    decoder = MultipartDecoder(_boundary(content_type), max_form_memory_size=None)
+    decoder.receive_data(body)
+    decoder.receive_data(None)
+    events: list[Any] = []
+    try:
+        while not isinstance(event := decoder.next_event(), (Epilogue, NeedData)):
+            events.append(event)
+    except ValueError as exc:
+        raise BadRequest(f"the multipart form is malformed: {exc}") from exc
+    return events
+
+
+def _form_fields(body: bytes, content_type: str) -> Mapping[str, str]:
+    fields: dict[str, str] = {}
+    name: str | None = None
+    for event in _events(body, content_type):
+        if isinstance(event, Field):
+            name = event.name
+            fields[name] = ""
+        elif isinstance(event, File):
+            name = None
+        elif isinstance(event, Data) and name is not None:
+            fields[name] += event.data.decode("utf-8", errors="replace")
+    return fields
+
+
+def _replace_form_field(body: bytes, content_type: str, field: str, value: str) -> bytes:
+    encoder = MultipartEncoder(_boundary(content_type))
+    out = bytearray()
+    replacing = False
+    for event in _events(body, content_type):
+        if isinstance(event, (Field, File)):
+            replacing = isinstance(event, Field) and event.name == field
+            out += encoder.send_event(event)
+            if replacing:
+                out += encoder.send_event(Data(data=value.encode(), more_data=False))
+        elif isinstance(event, Data) and not replacing:
+            out += encoder.send_event(event)
+    out += encoder.send_event(Epilogue(data=b""))
+    return bytes(out)

@@ -1,0 +1,340 @@
+"""The forwarding path: inference routes and ``/upstream``, as a plain ASGI handler.
+
+One task holds everything a proxied request owns, from admission to the last byte:
+its place with the scheduler (``Router.acquire``), the upstream connection, and the
+response. That is why this path is ASGI rather than a Quart view: a Quart view returns
+its response before the body is sent, and a lease held across that gap could leak.
+
+Each request runs in a nursery with a *pump* task that owns ASGI ``receive``: it feeds
+the request body to whoever reads it, then waits for ``http.disconnect`` and cancels the
+request. **A client that disconnects cancels its request wherever it is**: waiting in the
+queue (it leaves the queue), waiting for a load (the load is cancelled if nobody else
+wants it), or streaming (the upstream connection is closed, so the model server sees the
+disconnect and stops generating).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import final
+
+import attrs
+import httpx
+import trio
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    HTTPScope,
+)
+
+from llamaswap.config.model import Config
+from llamaswap.errors import BodyTooLarge, RequestError, Unauthorized, UpstreamError
+from llamaswap.router import Router
+from llamaswap.router.names import Local, Names, Peer
+from llamaswap.schedulers import parse_priority
+from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
+
+from .auth import authorized
+from .errors import error_response
+from .extract import ModelIn, read_model, rewrite_body, rewrite_query
+
+__all__ = ["Forwarder", "Route"]
+
+logger = logging.getLogger("llamaswap.proxy")
+
+_J, _M, _Q = ModelIn.JSON, ModelIn.MULTIPART, ModelIn.QUERY
+_INFERENCE: dict[tuple[str, str], ModelIn] = {
+    **{
+        ("POST", path): _J
+        for path in (
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/embeddings",
+            "/v1/rerank",
+            "/v1/reranking",
+            "/rerank",
+            "/reranking",
+            "/infill",
+            "/completion",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/v1/audio/speech",
+            "/v1/images/generations",
+        )
+    },
+    ("POST", "/v1/audio/transcriptions"): _M,
+    ("POST", "/v1/images/edits"): _M,
+    ("GET", "/v1/audio/voices"): _Q,
+    ("GET", "/props"): _Q,
+}
+
+UPSTREAM_PREFIX = "/upstream/"
+
+# RFC 9110 §7.6.1 connection-specific fields, plus those httpx or hypercorn set itself.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+    }
+)
+
+
+@attrs.frozen
+class Route:
+    """How a proxied route names its model: in the body/query, or in the path."""
+
+    model_in: ModelIn | None  # None: /upstream/{model}/{path}
+
+    @property
+    def streams_request(self) -> bool:
+        return self.model_in is None
+
+
+@final
+class _Body:
+    """The request body, fed by the pump task; a disconnect cancels the request."""
+
+    def __init__(self, receive: ASGIReceiveCallable, limit: int) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._send, self._chunks = trio.open_memory_channel[bytes](1)
+        self._received = 0
+
+    async def pump(self, request_scope: trio.CancelScope) -> None:
+        async with self._send:
+            while True:
+                message = await self._receive()
+                if message["type"] == "http.disconnect":
+                    request_scope.cancel(reason="client disconnected")
+                    return
+                if message["type"] == "http.request":
+                    if chunk := message.get("body", b""):
+                        await self._send.send(chunk)
+                    if not message.get("more_body", False):
+                        break
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        request_scope.cancel(reason="client disconnected")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self._chunks:
+            self._received += len(chunk)
+            if self._received > self._limit:
+                raise BodyTooLarge(self._limit)
+            yield chunk
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+
+@final
+class _Reply:
+    """The response to the client; remembers whether it has started."""
+
+    def __init__(self, send: ASGISendCallable) -> None:
+        self._send = send
+        self.started = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        start: HTTPResponseStartEvent = {
+            "type": "http.response.start",
+            "status": status,
+            "headers": headers,
+            "trailers": False,
+        }
+        await self._send(start)
+
+    async def body(self, chunk: bytes, *, more: bool = True) -> None:
+        event: HTTPResponseBodyEvent = {
+            "type": "http.response.body",
+            "body": chunk,
+            "more_body": more,
+        }
+        await self._send(event)
+
+    async def error(self, error: RequestError) -> None:
+        status, headers, body = error_response(error)
+        await self.start(status, [(k.encode(), v.encode()) for k, v in headers])
+        await self.body(body, more=False)
+
+
+@final
+class Forwarder:
+    """Handles the inference routes (SPEC §4.1) and ``/upstream/{model}/{path}``."""
+
+    def __init__(
+        self, config: Config, router: Router, names: Names, client: httpx.AsyncClient
+    ) -> None:
+        self._config = config
+        self._router = router
+        self._names = names
+        self._client = client
+
+    def route(self, scope: HTTPScope) -> Route | None:
+        """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
+        if scope["path"].startswith(UPSTREAM_PREFIX):
+            return Route(None)
+        model_in = _INFERENCE.get((scope["method"], scope["path"]))
+        return None if model_in is None else Route(model_in)
+
+    async def __call__(
+        self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        body = _Body(receive, self._config.max_body_bytes)
+        reply = _Reply(send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(body.pump, nursery.cancel_scope)
+            try:
+                await self._handle(route, scope, body, reply)
+            except RequestError as exc:
+                if reply.started:
+                    # The status line is gone; breaking the connection is all that's left.
+                    logger.warning("%s %s: %s", scope["method"], scope["path"], exc)
+                    raise
+                await reply.error(exc)
+            nursery.cancel_scope.cancel()
+
+    async def _handle(self, route: Route, scope: HTTPScope, body: _Body, reply: _Reply) -> None:
+        headers = _header_map(scope)
+        if not authorized(self._config.api_keys, headers):
+            raise Unauthorized()
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._config.max_body_bytes:
+            raise BodyTooLarge(self._config.max_body_bytes)
+        content_type = headers.get("content-type", "")
+        query = scope["query_string"]
+        if route.model_in is None:
+            name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
+            target, path = self._upstream_target(name, rest)
+            payload: bytes | None = None
+        else:
+            payload = await body.read()
+            target = self._names.resolve(read_model(route.model_in, payload, content_type, query))
+            path = scope["path"]
+        if isinstance(target, Peer):
+            if payload is not None and route.model_in is not None:
+                payload = rewrite_body(route.model_in, payload, content_type, model=target.model)
+                if route.model_in is ModelIn.QUERY:
+                    query = rewrite_query(query, target.model)
+            url = target.config.proxy.rstrip("/") + path
+            extra = _peer_auth(target)
+            await self._forward(target.model, scope, url, query, payload, body, reply, extra)
+            return
+        model = self._config.models[target.model_id]
+        if payload is not None and route.model_in is not None:
+            payload = rewrite_body(
+                route.model_in,
+                payload,
+                content_type,
+                model=model.use_model_name,
+                filters=model.filters,
+            )
+            if route.model_in is ModelIn.QUERY and model.use_model_name:
+                query = rewrite_query(query, model.use_model_name)
+        priority = parse_priority(_header_values(scope, PRIORITY_HEADER.encode()))
+        url = model.proxy.rstrip("/") + path
+        needs_slot = scope["method"] not in ("GET", "HEAD")
+        async with self._router.acquire(target.model_id, priority=priority, needs_slot=needs_slot):
+            await self._forward(target.model_id, scope, url, query, payload, body, reply, [])
+
+    def _upstream_target(self, name: str, rest: str) -> tuple[Local | Peer, str]:
+        """``/upstream/{model}/{path}``: model IDs may contain ``/``, so try each split."""
+        parts = f"{name}/{rest}".split("/")
+        for cut in range(len(parts), 0, -1):
+            candidate = "/".join(parts[:cut])
+            try:
+                target = self._names.resolve(candidate)
+            except RequestError:
+                continue
+            return target, "/" + "/".join(parts[cut:])
+        return self._names.resolve(name), "/" + rest
+
+    async def _forward(
+        self,
+        model: str,
+        scope: HTTPScope,
+        url: str,
+        query: bytes,
+        payload: bytes | None,
+        body: _Body,
+        reply: _Reply,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        headers = _upstream_headers(scope, strip_auth=bool(self._config.api_keys or extra_headers))
+        headers.extend(extra_headers)
+        if payload is not None:
+            headers = [(k, v) for k, v in headers if k != b"content-length"]
+        request = self._client.build_request(
+            scope["method"],
+            url + ("?" + query.decode("latin-1") if query else ""),
+            headers=headers,
+            content=payload if payload is not None else body.chunks(),
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(model, _describe(exc)) from exc
+        try:
+            await reply.start(response.status_code, _downstream_headers(response))
+            async for chunk in response.aiter_raw():
+                await reply.body(chunk)
+            await reply.body(b"", more=False)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(model, f"broke off mid-response: {_describe(exc)}") from exc
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+
+
+def _header_map(scope: HTTPScope) -> dict[str, str]:
+    """Request headers by lowercase name; the first occurrence wins."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return headers
+
+
+def _header_values(scope: HTTPScope, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == name]
+
+
+def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes, bytes]]:
+    headers = []
+    for name, value in scope["headers"]:
+        lower = name.lower()
+        if lower in _HOP_BY_HOP or (strip_auth and lower in (b"authorization", b"x-api-key")):
+            continue
+        headers.append((lower, value))
+    return headers
+
+
+def _downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    headers = [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        headers.append((b"x-accel-buffering", b"no"))
+    return headers
+
+
+def _peer_auth(peer: Peer) -> list[tuple[bytes, bytes]]:
+    key = peer.config.api_key
+    if not key:
+        return []
+    return [(b"authorization", b"Bearer " + key.encode()), (b"x-api-key", key.encode())]
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text

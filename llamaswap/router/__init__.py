@@ -1,0 +1,8 @@
+"""Routing: the router (processes + swaps) and the swappers (who must be evicted)."""
+
+from __future__ import annotations
+
+from .router import Router as Router
+from .swappers.group import GroupSwapper as GroupSwapper
+
+__all__ = ["GroupSwapper", "Router"]

@@ -1,0 +1,48 @@
+"""Who goes next: the scheduler protocol, ``fifo``, ``serial``, the wait queue, priorities."""
+
+from __future__ import annotations
+
+from llamaswap.config.model import Config
+
+from .base import Effects as Effects
+from .base import Scheduler as Scheduler
+from .base import SchedulerStatistics as SchedulerStatistics
+from .base import Swap as Swap
+from .base import Swapper as Swapper
+from .base import Ticket as Ticket
+from .base import TicketState as TicketState
+from .fifo import FifoScheduler as FifoScheduler
+from .priority import BANDS as BANDS
+from .priority import band_of as band_of
+from .priority import parse_priority as parse_priority
+from .waitqueue import PriorityWaitQueue as PriorityWaitQueue
+from .waitqueue import Waiter as Waiter
+
+__all__ = [
+    "BANDS",
+    "Effects",
+    "FifoScheduler",
+    "PriorityWaitQueue",
+    "Scheduler",
+    "SchedulerStatistics",
+    "Swap",
+    "Swapper",
+    "Ticket",
+    "TicketState",
+    "Waiter",
+    "band_of",
+    "make_scheduler",
+    "parse_priority",
+]
+
+
+def make_scheduler(config: Config, effects: Effects, swapper: Swapper) -> Scheduler:
+    """The scheduler named by ``routing.scheduler.use``."""
+    section = config.routing.scheduler
+    limits = {model_id: model.concurrency_limit for model_id, model in config.models.items()}
+    priorities: dict[str, int] = {}
+    for name, value in section.settings.fifo.priority.items():
+        model_id = config.resolve(name)
+        if model_id is not None:
+            priorities[model_id] = value
+    return FifoScheduler(effects, swapper, limits=limits, priorities=priorities)

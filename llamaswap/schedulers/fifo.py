@@ -1,0 +1,156 @@
+"""``fifo``: llama-swap's scheduler, with the priority header added (SPEC §7.4).
+
+The decision for a request, in order:
+
+1. a swap to its model is in progress → join it (one load serves every caller);
+2. it would collide with a swap in progress, or evict a model that is serving → queue;
+3. its model is ready and nothing must be evicted → serve now (many in parallel, up to
+   ``concurrencyLimit``);
+4. otherwise → start a swap (in parallel with swaps it does not collide with).
+
+The queue is ordered by effective priority = ``settings.fifo.priority[model]`` + the
+header's priority, arrival order among equals, and is walked in that order whenever a
+swap ends, a model drains or stops. Walking it re-runs the decision for each request,
+so requests for the same model collate: ``A B A B`` is served ``A A B B``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import final
+
+from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.process.state import ModelState
+
+from .base import Effects, SchedulerStatistics, Swap, Swapper, Ticket, TicketState
+from .ledger import Ledger
+from .waitqueue import PriorityWaitQueue
+
+__all__ = ["FifoScheduler"]
+
+
+@final
+class FifoScheduler:
+    """See the module docstring.
+
+    Args:
+        effects: the router.
+        swapper: the eviction policy.
+        limits: ``concurrencyLimit`` per model ID.
+        priorities: ``settings.fifo.priority``, by model ID.
+    """
+
+    name = "fifo"
+
+    def __init__(
+        self,
+        effects: Effects,
+        swapper: Swapper,
+        *,
+        limits: Mapping[str, int],
+        priorities: Mapping[str, int] | None = None,
+    ) -> None:
+        self._ledger = Ledger(effects, swapper, limits)
+        self._priorities = dict(priorities or {})
+        self._queue: PriorityWaitQueue[Ticket] = PriorityWaitQueue()
+
+    # ----------------------------------------------------------------- events
+
+    def on_request(self, ticket: Ticket) -> None:
+        self._ledger.admit(ticket)
+        ticket.effective_priority = self._priorities.get(ticket.model, 0) + ticket.priority
+        if not self._dispatch(ticket):
+            self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
+
+    def on_cancel(self, ticket: Ticket) -> None:
+        if self._queue.remove(ticket):
+            self._ledger.release(ticket)
+            return
+        if ticket.state is TicketState.LOADING:
+            cancelled = self._ledger.leave_swap(ticket)
+            self._ledger.release(ticket)
+            if cancelled is not None:
+                self._drain()
+
+    def on_serve_done(self, ticket: Ticket) -> None:
+        self._ledger.serve_done(ticket)
+        if not self._ledger.in_flight[ticket.model]:
+            self._drain()
+
+    def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
+        if not self._ledger.finish_swap(swap):
+            return
+        for ticket in swap.waiters:
+            if error is None:
+                self._ledger.grant(ticket)
+            else:
+                self._ledger.fail(ticket, error)
+        if error is not None:
+            self._fail_queued({swap.target}, error)
+        self._drain()
+
+    def on_model_state(self, model: str, state: ModelState) -> None:
+        if state is ModelState.STOPPED:
+            self._drain()
+
+    def on_unload(self, models: Collection[str]) -> None:
+        for model in models:
+            swap = self._ledger.swaps.get(model)
+            if swap is not None:
+                self._ledger.abandon_swap(swap, ModelUnloaded(model), "unloaded")
+            self._fail_queued({model}, ModelUnloaded(model))
+        self._drain()
+
+    def on_shutdown(self, error: RequestError) -> None:
+        self._ledger.closed = error
+        for swap in list(self._ledger.swaps.values()):
+            self._ledger.abandon_swap(swap, error, "shutting down")
+        self._fail_queued(None, error)
+
+    # ------------------------------------------------------------------ views
+
+    def position(self, ticket: Ticket) -> int | None:
+        if ticket not in self._queue:
+            return None
+        return self._queue.ordered().index(ticket) + 1
+
+    def statistics(self) -> SchedulerStatistics:
+        ledger = self._ledger
+        return SchedulerStatistics(
+            name=self.name,
+            waiting=len(self._queue),
+            loading=ledger.loading_count(),
+            serving=sum(ledger.in_flight.values()),
+            swaps=tuple(sorted(ledger.swaps)),
+            bands=ledger.band_statistics(self._queue),
+        )
+
+    # ---------------------------------------------------------------- private
+
+    def _dispatch(self, ticket: Ticket) -> bool:
+        """Serve, join or start a load for ``ticket``; False if it must wait."""
+        ledger = self._ledger
+        swap = ledger.swaps.get(ticket.model)
+        if swap is not None:
+            ledger.join(ticket, swap)
+            return True
+        plan = ledger.plan(ticket.model)
+        if plan.immediate:
+            ledger.grant(ticket)
+            return True
+        if plan.blocked:
+            return False
+        ledger.start_swap(ticket, plan.evict)
+        return True
+
+    def _drain(self) -> None:
+        for ticket in self._queue.ordered():
+            if self._dispatch(ticket):
+                self._queue.remove(ticket)
+
+    def _fail_queued(self, models: Collection[str] | None, error: RequestError) -> None:
+        """Fail the queued requests for ``models`` (every queued request for ``None``)."""
+        for ticket in self._queue.ordered():
+            if models is None or ticket.model in models:
+                self._queue.remove(ticket)
+                self._ledger.fail(ticket, error)

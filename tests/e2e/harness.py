@@ -1,0 +1,194 @@
+"""Running the real proxy and real fake model servers, for end-to-end tests.
+
+Everything runs on 127.0.0.1 with the real clock. Tests synchronise on the processes'
+own output lines (or on HTTP answers), never by sleeping, and every wait is bounded.
+
+Each proxy gets a unique marker in its environment; its model servers inherit it, so
+``survivors(marker)`` finds every process the test started, however it was re-parented.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import final
+
+import httpx
+import trio
+
+REPO = Path(__file__).resolve().parents[2]
+MARKER_VARIABLE = "LLAMASWAP_TEST_MARKER"
+FAKE = "python -m llamaswap.fake_server --port ${PORT} --model-name ${MODEL_ID}"
+LISTENING = re.compile(r"llamaswap: listening on (?P<url>http://\S+)")
+
+
+def free_port_base(count: int = 8) -> int:
+    """A port such that ``count`` consecutive ports are free right now (for ``startPort``)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count >= 65535:
+            continue
+        if all(_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no run of free ports found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def child_env(marker: str) -> dict[str, str]:
+    """The environment for processes under test: this interpreter's ``python`` first."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env[MARKER_VARIABLE] = marker
+    env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def survivors(marker: str) -> list[int]:
+    """PIDs of live (non-zombie) processes whose environment carries ``marker``."""
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if needle not in environ.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as stat:
+                state = stat.read().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+async def wait_until(condition: Callable[[], bool], *, within: float) -> None:
+    """Poll ``condition`` (something with no event to wait on, like a PID's death)."""
+    with trio.fail_after(within):
+        while not condition():  # noqa: ASYNC110 (there is no event for "process gone")
+            await trio.sleep(0.02)
+
+
+@final
+class Output:
+    """Lines a process prints, collected by a task; tests wait for a line to appear."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._changed = trio.Event()
+        self.closed = False
+
+    async def collect(self, stream: trio.abc.ReceiveStream) -> None:
+        pending = b""
+        try:
+            while chunk := await stream.receive_some():
+                *complete, pending = (pending + chunk).split(b"\n")
+                self.lines.extend(line.decode(errors="replace") for line in complete)
+                self._changed.set()
+                self._changed = trio.Event()
+        finally:
+            self.closed = True
+            self._changed.set()
+
+    async def wait_for(self, pattern: str, *, start: int = 0) -> re.Match[str]:
+        """The first line from index ``start`` on that matches ``pattern``."""
+        regex = re.compile(pattern)
+        seen = start
+        while True:
+            for line in self.lines[seen:]:
+                if match := regex.search(line):
+                    return match
+            seen = len(self.lines)
+            if self.closed:
+                raise AssertionError(f"output ended without a line matching {pattern!r}")
+            await self._changed.wait()
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@final
+class ProxyProcess:
+    def __init__(self, process: trio.Process, url: str, output: Output, marker: str) -> None:
+        self.process = process
+        self.url = url
+        self.output = output
+        self.marker = marker
+
+    def client(self, **kwargs: object) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=30.0, **kwargs)  # type: ignore[arg-type]
+
+    async def terminate(self) -> int:
+        """SIGTERM, then wait (at most 20 s) for the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            return await self.process.wait()
+
+
+async def start_proxy(
+    nursery: trio.Nursery, config: str, tmp_path: Path, *, log_level: str = "debug"
+) -> ProxyProcess:
+    """Start ``python -m llamaswap`` on ``config`` (TOML text) on a free port.
+
+    Its output is collected by a task in ``nursery``; ``stop_proxy`` cleans up.
+    """
+    path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
+    path.write_text(config)
+    marker = uuid.uuid4().hex
+    argv = [sys.executable, "-m", "llamaswap", "--config", str(path), "--listen", "127.0.0.1:0"]
+    argv += ["--log-level", log_level]
+    process = await trio.lowlevel.open_process(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(marker)
+    )
+    output = Output()
+    assert process.stdout is not None
+    nursery.start_soon(output.collect, process.stdout)
+    proxy = ProxyProcess(process, "", output, marker)
+    try:
+        with trio.fail_after(20):
+            proxy.url = (await output.wait_for(LISTENING.pattern))["url"]
+    except BaseException:
+        await stop_proxy(proxy)
+        raise
+    return proxy
+
+
+async def stop_proxy(proxy: ProxyProcess) -> None:
+    """SIGTERM (SIGKILL if it hangs), reap, and check that nothing it started survives."""
+    with trio.CancelScope(shield=True):
+        process = proxy.process
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(30):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await wait_until(lambda: not survivors(proxy.marker), within=5)

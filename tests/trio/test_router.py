@@ -1,0 +1,242 @@
+"""Router + fifo + supervisors together, on the mock clock, with fake processes."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import trio
+import trio.testing
+
+from llamaswap.config.model import Config, ModelConfig
+from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, ShuttingDown
+from llamaswap.process import ModelState
+from llamaswap.router import Router
+from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
+
+S = ModelState
+
+
+def model(port: int, **settings: object) -> ModelConfig:
+    return ModelConfig(cmd=("server", str(port)), proxy=f"http://m:{port}", **settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def spawner(nursery: trio.Nursery) -> FakeSpawner:
+    return FakeSpawner(nursery, Script(healthy_after=1.0))
+
+
+@pytest.fixture
+def recorder() -> StateRecorder:
+    return StateRecorder()
+
+
+async def start_router(
+    nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder, **models: ModelConfig
+) -> Router:
+    router = Router(
+        Config(models=models), spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder]
+    )
+    await nursery.start(router.run)
+    return router
+
+
+async def test_swap_between_models_runs_one_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
+    async with router.acquire("a"):
+        assert router.running_models() == {"a"}
+    async with router.acquire("b"):
+        assert router.running_models() == {"b"}
+    assert recorder.history == [
+        ("a", S.STARTING),
+        ("a", S.READY),
+        ("a", S.STOPPING),
+        ("a", S.STOPPED),
+        ("b", S.STARTING),
+        ("b", S.READY),
+    ]
+
+
+async def test_cancel_while_queued_never_starts_the_model(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
+    async with router.acquire("a"):
+        with trio.move_on_after(5.0):
+            async with router.acquire("b"):
+                pytest.fail("b must wait while a is serving")
+        assert router.scheduler.statistics().waiting == 0
+    await trio.testing.wait_all_tasks_blocked()
+    assert [argv[1] for argv in (p.argv for p in spawner.processes)] == ["1"]
+    assert router.running_models() == {"a"}
+
+
+async def test_abandoned_load_kills_the_starting_process(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=100.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    t0 = trio.current_time()
+    with trio.move_on_after(2.0):
+        async with router.acquire("a"):
+            pytest.fail("a is not ready for 100 s")
+    await recorder.wait_for(S.STOPPED, "a")
+    assert trio.current_time() - t0 == 2.0
+    assert spawner.last.signals == [(t0 + 2.0, signal.SIGTERM)]
+    assert router.scheduler.statistics().swaps == ()
+
+
+async def test_load_goes_on_while_another_request_wants_it(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=10.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    served = trio.Event()
+
+    async def patient() -> None:
+        async with router.acquire("a"):
+            served.set()
+
+    nursery.start_soon(patient)
+    with trio.move_on_after(2.0):
+        async with router.acquire("a"):
+            pytest.fail("a is not ready for 10 s")
+    await served.wait()
+    assert spawner.last.signals == []
+    assert len(spawner.processes) == 1
+
+
+async def test_failed_start_fails_every_waiter(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=None, exit_after=1.0, output=["bad gguf"])
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    errors: list[str] = []
+
+    async def request() -> None:
+        try:
+            async with router.acquire("a"):
+                pass
+        except ModelStartFailed as exc:
+            errors.append(str(exc))
+
+    async with trio.open_nursery() as requests:
+        for _ in range(3):
+            requests.start_soon(request)
+    assert len(errors) == 3
+    assert all("bad gguf" in e for e in errors)
+    assert len(spawner.processes) == 1
+
+
+async def test_unload_fails_waiters_with_unloaded(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=100.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    errors: list[BaseException] = []
+
+    async def request() -> None:
+        try:
+            async with router.acquire("a"):
+                pass
+        except ModelUnloaded as exc:
+            errors.append(exc)
+
+    nursery.start_soon(request)
+    await trio.testing.wait_all_tasks_blocked()
+    await router.unload()
+    await trio.testing.wait_all_tasks_blocked()
+    assert router.model_state("a") is S.STOPPED
+    assert len(errors) == 1
+    assert "unloaded" in str(errors[0])
+
+
+async def test_concurrency_limit_is_decided_before_waiting(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1, concurrency_limit=1))
+    async with router.acquire("a"):
+        t = trio.current_time()
+        with pytest.raises(ConcurrencyLimit):
+            async with router.acquire("a"):
+                pass
+        assert trio.current_time() == t
+
+
+async def test_shutdown_fails_waiters_lets_serving_finish_and_stops_models(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
+    outcomes: list[str] = []
+    served_until: list[float] = []
+
+    async def serving() -> None:
+        async with router.acquire("a"):
+            served_until.append(trio.current_time() + 3.0)
+            await trio.sleep(3.0)
+            outcomes.append("served")
+
+    async def waiting() -> None:
+        try:
+            async with router.acquire("b"):
+                pass
+        except ShuttingDown:
+            outcomes.append("503")
+
+    nursery.start_soon(serving)
+    await recorder.wait_for(S.READY, "a")
+    nursery.start_soon(waiting)
+    await trio.testing.wait_all_tasks_blocked()
+    await router.shutdown(grace=10.0)
+    assert outcomes == ["503", "served"]
+    assert trio.current_time() == served_until[0]  # waited for it, not for the grace
+    assert router.running_models() == set()
+    with pytest.raises(ShuttingDown):
+        async with router.acquire("a"):
+            pass
+
+
+async def test_request_during_ttl_stop_waits_and_restarts(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=0.0, ignores_sigterm=True)
+    router = await start_router(
+        nursery, spawner, recorder, a=model(1, ttl=5.0, unload_timeout=2.0)
+    )
+    async with router.acquire("a"):
+        pass
+    await recorder.wait_for(S.STOPPING, "a")
+    t0 = trio.current_time()
+    async with router.acquire("a"):
+        assert router.model_state("a") is S.READY
+    assert trio.current_time() - t0 == 2.0
+    assert len(spawner.processes) == 2

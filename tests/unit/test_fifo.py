@@ -1,0 +1,293 @@
+"""``fifo`` as a pure state machine against a recording FakeEffects."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamaswap.config.model import GroupConfig
+from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, ShuttingDown
+from llamaswap.process.state import ModelState
+from llamaswap.router.swappers.group import GroupSwapper
+from llamaswap.schedulers.base import TicketState
+from llamaswap.schedulers.fifo import FifoScheduler
+from tests.fakes import FakeEffects, ticket
+
+READY = ModelState.READY
+
+
+def make(
+    effects: FakeEffects,
+    *,
+    limits: dict[str, int] | None = None,
+    priorities: dict[str, int] | None = None,
+    groups: dict[str, GroupConfig] | None = None,
+) -> FifoScheduler:
+    return FifoScheduler(
+        effects, GroupSwapper(groups or {}), limits=limits or {}, priorities=priorities
+    )
+
+
+def test_ready_model_is_served_at_once_in_parallel() -> None:
+    fx = FakeEffects()
+    fx.states["a"] = READY
+    s = make(fx)
+    first, second = ticket("a", 1), ticket("a", 2)
+    s.on_request(first)
+    s.on_request(second)
+    assert fx.granted == [first, second]
+    assert first.state is TicketState.SERVING
+    assert fx.swaps == []
+
+
+def test_stopped_model_starts_a_swap_that_evicts_the_running_one() -> None:
+    fx = FakeEffects()
+    fx.states["b"] = READY
+    s = make(fx)
+    t = ticket("a", 1)
+    s.on_request(t)
+    swap = fx.last_swap()
+    assert (swap.target, swap.evict, swap.waiters) == ("a", frozenset({"b"}), [t])
+    assert t.state is TicketState.LOADING
+    fx.complete(s, swap)
+    assert fx.granted == [t]
+
+
+def test_requests_join_the_load_in_progress() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    tickets = [ticket("a", i) for i in range(3)]
+    for t in tickets:
+        s.on_request(t)
+    assert len(fx.swaps) == 1
+    assert fx.last_swap().waiters == tickets
+    fx.complete(s, fx.last_swap())
+    assert fx.granted == tickets
+
+
+def test_busy_model_is_never_evicted() -> None:
+    fx = FakeEffects()
+    fx.states["a"] = READY
+    s = make(fx)
+    serving = ticket("a", 1)
+    s.on_request(serving)
+    waiting = ticket("b", 2)
+    s.on_request(waiting)
+    assert fx.swaps == []
+    assert waiting.state is TicketState.QUEUED
+    s.on_serve_done(serving)
+    assert fx.last_swap().target == "b"
+    assert fx.last_swap().evict == {"a"}
+
+
+def test_same_model_requests_collate() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx)
+    blocker = ticket("x", 0)
+    s.on_request(blocker)
+    a1, b1, a2, b2 = ticket("a", 1), ticket("b", 2), ticket("a", 3), ticket("b", 4)
+    for t in (a1, b1, a2, b2):
+        s.on_request(t)
+    assert fx.swaps == []
+    s.on_serve_done(blocker)
+    swap_a = fx.last_swap()
+    assert swap_a.waiters == [a1, a2]
+    fx.complete(s, swap_a)
+    assert fx.granted[1:] == [a1, a2]
+    assert b1.state is TicketState.QUEUED  # would evict 'a', which is serving
+    s.on_serve_done(a1)
+    assert b1.state is TicketState.QUEUED
+    s.on_serve_done(a2)
+    swap_b = fx.last_swap()
+    assert swap_b.waiters == [b1, b2]
+    fx.complete(s, swap_b)
+    assert fx.granted_models() == ["x", "a", "a", "b", "b"]
+
+
+def test_queue_order_is_effective_priority_then_arrival() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx, priorities={"b": 10})
+    blocker = ticket("x", 0)
+    s.on_request(blocker)
+    a_old, b_low, a_high, c_same = (
+        ticket("a", 1),
+        ticket("b", 2, priority=-5),  # 10 - 5 = 5
+        ticket("a", 3, priority=100),
+        ticket("c", 4, priority=5),
+    )
+    for t in (a_old, b_low, a_high, c_same):
+        s.on_request(t)
+    assert [t.effective_priority for t in (a_old, b_low, a_high, c_same)] == [0, 5, 100, 5]
+    assert [s.position(t) for t in (a_high, b_low, c_same, a_old)] == [1, 2, 3, 4]
+    s.on_serve_done(blocker)
+    # 'a' goes first (a_high), and a_old collates with it; then b before c.
+    assert fx.last_swap().waiters == [a_high, a_old]
+    assert s.position(a_high) is None
+    assert (s.position(b_low), s.position(c_same)) == (1, 2)
+
+
+def test_concurrency_limit_counts_waiting_and_serving() -> None:
+    fx = FakeEffects()
+    s = make(fx, limits={"a": 2})
+    first, second = ticket("a", 1), ticket("a", 2)
+    s.on_request(first)
+    s.on_request(second)
+    with pytest.raises(ConcurrencyLimit) as caught:
+        s.on_request(ticket("a", 3))
+    assert "concurrencyLimit" in str(caught.value)
+    s.on_cancel(first)
+    s.on_request(ticket("a", 4))  # a place freed
+    fx.complete(s, fx.last_swap())
+    with pytest.raises(ConcurrencyLimit):
+        s.on_request(ticket("a", 5))
+    s.on_serve_done(second)
+    s.on_request(ticket("a", 6))
+    assert s.statistics().serving == 2
+
+
+def test_cancel_while_queued_never_loads() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx)
+    blocker = ticket("x", 0)
+    s.on_request(blocker)
+    gone = ticket("a", 1)
+    s.on_request(gone)
+    s.on_cancel(gone)
+    s.on_serve_done(blocker)
+    assert fx.swaps == []
+    assert gone.state is TicketState.DONE
+    assert s.statistics().waiting == 0
+
+
+def test_cancelling_the_last_waiter_cancels_the_load() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    first, second = ticket("a", 1), ticket("a", 2)
+    s.on_request(first)
+    s.on_request(second)
+    swap = fx.last_swap()
+    s.on_cancel(first)
+    assert fx.cancelled == []
+    s.on_cancel(second)
+    assert fx.cancelled == [(swap, "every request waiting for 'a' has left")]
+    s.on_swap_done(swap, ModelUnloaded("a", "cancelled"))  # its task reports late: ignored
+    assert (fx.granted, fx.failed) == ([], [])
+    s.on_request(third := ticket("a", 3))
+    assert fx.last_swap() is not swap
+    assert fx.last_swap().waiters == [third]
+
+
+def test_cancelled_load_unblocks_colliding_requests() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    a, b = ticket("a", 1), ticket("b", 2)
+    s.on_request(a)
+    s.on_request(b)
+    assert b.state is TicketState.QUEUED  # b would evict a, the target of a swap
+    s.on_cancel(a)
+    assert fx.last_swap().target == "b"
+
+
+def test_parallel_swaps_when_they_do_not_collide() -> None:
+    fx = FakeEffects()
+    groups = {
+        "g1": GroupConfig(members=("a", "b"), exclusive=False),
+        "g2": GroupConfig(members=("c", "d"), exclusive=False),
+    }
+    s = make(fx, groups=groups)
+    s.on_request(ticket("a", 1))
+    s.on_request(ticket("c", 2))
+    assert [(w.target, w.evict) for w in fx.swaps] == [("a", frozenset()), ("c", frozenset())]
+    s.on_request(ticket("b", 3))  # would evict 'a', a swap target: waits
+    assert len(fx.swaps) == 2
+
+
+def test_failed_load_fails_every_waiter_and_the_next_request_retries() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    waiters = [ticket("a", 1), ticket("a", 2)]
+    for t in waiters:
+        s.on_request(t)
+    error = ModelStartFailed("a", "exited with status 1 while starting")
+    fx.complete(s, fx.last_swap(), error)
+    assert fx.failed == [(waiters[0], error), (waiters[1], error)]
+    assert s.statistics().loading == 0
+    s.on_request(ticket("a", 3))
+    assert len(fx.swaps) == 2
+
+
+def test_unload_fails_waiters_of_that_model_only() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx)
+    blocker = ticket("x", 0)
+    s.on_request(blocker)
+    queued_a, queued_b = ticket("a", 1), ticket("b", 2)
+    s.on_request(queued_a)
+    s.on_request(queued_b)
+    s.on_unload(["a"])
+    assert [(t.model, type(e)) for t, e in fx.failed] == [("a", ModelUnloaded)]
+    assert "unloaded" in str(fx.failed[0][1])
+    assert queued_b.state is TicketState.QUEUED
+
+
+def test_unload_of_a_loading_model_cancels_its_swap() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    loading = ticket("a", 1)
+    s.on_request(loading)
+    swap = fx.last_swap()
+    s.on_unload(["a"])
+    assert fx.cancelled == [(swap, "unloaded")]
+    assert [t for t, _ in fx.failed] == [loading]
+
+
+def test_shutdown_fails_everything_and_refuses_new_requests() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx)
+    serving = ticket("x", 0)
+    s.on_request(serving)
+    queued, loading = ticket("a", 1), ticket("x", 2)
+    s.on_request(queued)
+    s.on_shutdown(ShuttingDown())
+    assert [t for t, _ in fx.failed] == [queued]
+    with pytest.raises(ShuttingDown):
+        s.on_request(loading)
+    s.on_serve_done(serving)
+    assert fx.swaps == []
+
+
+def test_crash_of_a_busy_blocker_rechecks_the_queue() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx)
+    blocker = ticket("x", 0)
+    s.on_request(blocker)
+    s.on_request(ticket("a", 1))
+    s.on_serve_done(blocker)
+    assert fx.last_swap().evict == {"x"}
+
+
+def test_statistics_by_band() -> None:
+    fx = FakeEffects()
+    fx.states["x"] = READY
+    s = make(fx)
+    s.on_request(ticket("x", 0, priority=100))
+    s.on_request(ticket("a", 1, priority=-100, arrival=1.0))
+    s.on_request(ticket("a", 2, priority=-100, arrival=3.0))
+    fx.time = 5.0
+    stats = s.statistics()
+    assert stats.bands["batch"].depth == 2
+    assert stats.bands["batch"].oldest_wait == 4.0
+    assert stats.bands["interactive"].dispatched == 1
+    assert stats.bands["normal"].depth == 0
+    assert set(stats.bands) == {
+        "above_interactive",
+        "interactive",
+        "normal",
+        "batch",
+        "below_batch",
+    }
