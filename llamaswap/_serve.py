@@ -63,13 +63,14 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(client))
+        app = create_app(config, router, client)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             binds = await nursery.start(
                 partial(
                     hypercorn.trio.serve,
-                    create_app(config, router, client),
+                    app,
                     _hypercorn_config(listen, config),
                     shutdown_trigger=stop_accepting.wait,
                 )

@@ -17,7 +17,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from llamaswap.config.model import Config
-from llamaswap.errors import ModelNotFound, RequestError, Unauthorized
+from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
+from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from llamaswap.observability import ActivityLog, Metrics
 from llamaswap.router import Router
 from llamaswap.router.names import Local, Names
 from llamaswap.schedulers import parse_priority
@@ -25,6 +27,7 @@ from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
 from .auth import authorized
 from .errors import error_response
+from .exchange import Exchange, Recorder
 from .forward import Forwarder
 
 __all__ = ["Application", "create_app"]
@@ -54,7 +57,11 @@ def _json(document: Any) -> Response:
 
 
 def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Application:
+    """The whole HTTP side of ``router``: routes, forwarding, metrics and activity."""
     names = Names(config)
+    metrics = Metrics(router.scheduler, router.supervisors)
+    router.add_listener(metrics.on_model_state)
+    recorder = Recorder(ActivityLog(), metrics, router.scheduler.name)
     quart = QuartTrio("llamaswap")
     # Generations may stream for many minutes: Quart's 60 s defaults would cut them.
     quart.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None, MAX_CONTENT_LENGTH=None)
@@ -138,9 +145,19 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> App
 
     @quart.post("/api/models/load/<path:name>")
     async def load(name: str) -> Response:
-        model_id = local(name)
-        priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
-        await router.load(model_id, priority=priority)
+        exchange = Exchange(request.method, request.path)
+        try:
+            exchange.model = model_id = local(name)
+            exchange.priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
+            async with router.acquire(model_id, priority=exchange.priority) as ticket:
+                exchange.ticket = ticket
+            exchange.status = 200
+        except RequestError as exc:
+            exchange.status = error_response(exc)[0]
+            exchange.error = str(exc)
+            raise
+        finally:
+            recorder.finish(exchange)
         return _json({"model": model_id, "state": router.model_state(model_id).value})
 
     @quart.post("/api/models/unload")
@@ -155,4 +172,17 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> App
         await router.unload([model_id])
         return _json({"unloaded": [model_id]})
 
-    return Application(quart, Forwarder(config, router, names, client))
+    @quart.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
+
+    @quart.get("/api/activity")
+    async def activity() -> Response:
+        try:
+            limit = int(request.args.get("limit", "100"))
+        except ValueError:
+            raise BadRequest("limit must be an integer", param="limit") from None
+        records = recorder.activity.recent(max(0, limit), request.args.get("model"))
+        return _json({"activity": [record.to_json() for record in records]})
+
+    return Application(quart, Forwarder(config, router, names, client, recorder))

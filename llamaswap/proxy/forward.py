@@ -15,8 +15,10 @@ disconnect and stops generating).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import final
 
 import attrs
@@ -32,6 +34,7 @@ from hypercorn.typing import (
 
 from llamaswap.config.model import Config
 from llamaswap.errors import BodyTooLarge, RequestError, Unauthorized, UpstreamError
+from llamaswap.observability import UsageTap
 from llamaswap.router import Router
 from llamaswap.router.names import Local, Names, Peer
 from llamaswap.schedulers import parse_priority
@@ -39,7 +42,9 @@ from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
 from .auth import authorized
 from .errors import error_response
+from .exchange import Exchange, Recorder
 from .extract import ModelIn, read_model, rewrite_body, rewrite_query
+from .loading import SSE_HEADERS, event, report_progress
 
 __all__ = ["Forwarder", "Route"]
 
@@ -111,12 +116,14 @@ class _Body:
         self._limit = limit
         self._send, self._chunks = trio.open_memory_channel[bytes](1)
         self._received = 0
+        self.disconnected = False
 
     async def pump(self, request_scope: trio.CancelScope) -> None:
         async with self._send:
             while True:
                 message = await self._receive()
                 if message["type"] == "http.disconnect":
+                    self.disconnected = True
                     request_scope.cancel(reason="client disconnected")
                     return
                 if message["type"] == "http.request":
@@ -126,6 +133,7 @@ class _Body:
                         break
         while (await self._receive())["type"] != "http.disconnect":
             pass
+        self.disconnected = True
         request_scope.cancel(reason="client disconnected")
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -143,12 +151,16 @@ class _Body:
 class _Reply:
     """The response to the client; remembers whether it has started."""
 
-    def __init__(self, send: ASGISendCallable) -> None:
+    def __init__(self, send: ASGISendCallable, exchange: Exchange) -> None:
         self._send = send
-        self.started = False
+        self._exchange = exchange
+
+    @property
+    def started(self) -> bool:
+        return self._exchange.status is not None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
+        self._exchange.status = status
         start: HTTPResponseStartEvent = {
             "type": "http.response.start",
             "status": status,
@@ -176,12 +188,18 @@ class Forwarder:
     """Handles the inference routes (SPEC §4.1) and ``/upstream/{model}/{path}``."""
 
     def __init__(
-        self, config: Config, router: Router, names: Names, client: httpx.AsyncClient
+        self,
+        config: Config,
+        router: Router,
+        names: Names,
+        client: httpx.AsyncClient,
+        recorder: Recorder,
     ) -> None:
         self._config = config
         self._router = router
         self._names = names
         self._client = client
+        self._recorder = recorder
 
     def route(self, scope: HTTPScope) -> Route | None:
         """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
@@ -193,21 +211,30 @@ class Forwarder:
     async def __call__(
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
+        exchange = Exchange(scope["method"], scope["path"])
         body = _Body(receive, self._config.max_body_bytes)
-        reply = _Reply(send)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(body.pump, nursery.cancel_scope)
-            try:
-                await self._handle(route, scope, body, reply)
-            except RequestError as exc:
-                if reply.started:
-                    # The status line is gone; breaking the connection is all that's left.
-                    logger.warning("%s %s: %s", scope["method"], scope["path"], exc)
-                    raise
-                await reply.error(exc)
-            nursery.cancel_scope.cancel()
+        reply = _Reply(send, exchange)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(body.pump, nursery.cancel_scope)
+                try:
+                    await self._handle(route, scope, body, reply, exchange)
+                except RequestError as exc:
+                    exchange.error = str(exc)
+                    if reply.started:
+                        # The status line is gone; breaking the connection is all that's left.
+                        logger.warning("%s %s: %s", scope["method"], scope["path"], exc)
+                        raise
+                    await reply.error(exc)
+                nursery.cancel_scope.cancel()
+        finally:
+            if body.disconnected and exchange.error is None:
+                exchange.error = "client disconnected"
+            self._recorder.finish(exchange)
 
-    async def _handle(self, route: Route, scope: HTTPScope, body: _Body, reply: _Reply) -> None:
+    async def _handle(
+        self, route: Route, scope: HTTPScope, body: _Body, reply: _Reply, exchange: Exchange
+    ) -> None:
         headers = _header_map(scope)
         if not authorized(self._config.api_keys, headers):
             raise Unauthorized()
@@ -216,23 +243,29 @@ class Forwarder:
             raise BodyTooLarge(self._config.max_body_bytes)
         content_type = headers.get("content-type", "")
         query = scope["query_string"]
+        exchange.priority = parse_priority(_header_values(scope, PRIORITY_HEADER.encode()))
         if route.model_in is None:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
             target, path = self._upstream_target(name, rest)
             payload: bytes | None = None
         else:
             payload = await body.read()
-            target = self._names.resolve(read_model(route.model_in, payload, content_type, query))
+            name = read_model(route.model_in, payload, content_type, query)
+            exchange.metadata["requested_model"] = name
+            target = self._names.resolve(name)
             path = scope["path"]
         if isinstance(target, Peer):
+            exchange.model = f"{target.peer_id}/{target.model}"
+            exchange.metadata["peer"] = target.peer_id
             if payload is not None and route.model_in is not None:
                 payload = rewrite_body(route.model_in, payload, content_type, model=target.model)
                 if route.model_in is ModelIn.QUERY:
                     query = rewrite_query(query, target.model)
             url = target.config.proxy.rstrip("/") + path
-            extra = _peer_auth(target)
-            await self._forward(target.model, scope, url, query, payload, body, reply, extra)
+            upstream = _Upstream(url, query, payload, _peer_auth(target))
+            await self._forward(exchange, scope, upstream, body, reply)
             return
+        exchange.model = target.model_id
         model = self._config.models[target.model_id]
         if payload is not None and route.model_in is not None:
             payload = rewrite_body(
@@ -244,11 +277,25 @@ class Forwarder:
             )
             if route.model_in is ModelIn.QUERY and model.use_model_name:
                 query = rewrite_query(query, model.use_model_name)
-        priority = parse_priority(_header_values(scope, PRIORITY_HEADER.encode()))
-        url = model.proxy.rstrip("/") + path
-        needs_slot = scope["method"] not in ("GET", "HEAD")
-        async with self._router.acquire(target.model_id, priority=priority, needs_slot=needs_slot):
-            await self._forward(target.model_id, scope, url, query, payload, body, reply, [])
+        upstream = _Upstream(model.proxy.rstrip("/") + path, query, payload, [])
+        while_waiting = None
+        if model.send_loading_state and _streaming_chat(route, scope, payload):
+            exchange.metadata["loading_state"] = True
+            while_waiting = partial(
+                report_progress,
+                self._router,
+                exchange.metadata.get("requested_model", target.model_id),
+                partial(reply.start, 200, list(SSE_HEADERS)),
+                reply.body,
+            )
+        async with self._router.acquire(
+            target.model_id,
+            priority=exchange.priority,
+            needs_slot=scope["method"] not in ("GET", "HEAD"),
+            while_waiting=while_waiting,
+        ) as ticket:
+            exchange.ticket = ticket
+            await self._forward(exchange, scope, upstream, body, reply)
 
     def _upstream_target(self, name: str, rest: str) -> tuple[Local | Peer, str]:
         """``/upstream/{model}/{path}``: model IDs may contain ``/``, so try each split."""
@@ -263,40 +310,64 @@ class Forwarder:
         return self._names.resolve(name), "/" + rest
 
     async def _forward(
-        self,
-        model: str,
-        scope: HTTPScope,
-        url: str,
-        query: bytes,
-        payload: bytes | None,
-        body: _Body,
-        reply: _Reply,
-        extra_headers: list[tuple[bytes, bytes]],
+        self, exchange: Exchange, scope: HTTPScope, upstream: _Upstream, body: _Body, reply: _Reply
     ) -> None:
-        headers = _upstream_headers(scope, strip_auth=bool(self._config.api_keys or extra_headers))
-        headers.extend(extra_headers)
-        if payload is not None:
+        headers = _upstream_headers(
+            scope, strip_auth=bool(self._config.api_keys or upstream.extra_headers)
+        )
+        headers.extend(upstream.extra_headers)
+        if upstream.payload is not None:
             headers = [(k, v) for k, v in headers if k != b"content-length"]
+        query = upstream.query
         request = self._client.build_request(
             scope["method"],
-            url + ("?" + query.decode("latin-1") if query else ""),
+            upstream.url + ("?" + query.decode("latin-1") if query else ""),
             headers=headers,
-            content=payload if payload is not None else body.chunks(),
+            content=upstream.payload if upstream.payload is not None else body.chunks(),
         )
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise UpstreamError(model, _describe(exc)) from exc
+            raise UpstreamError(exchange.model, _describe(exc)) from exc
         try:
-            await reply.start(response.status_code, _downstream_headers(response))
-            async for chunk in response.aiter_raw():
-                await reply.body(chunk)
+            tap = exchange.tap = UsageTap(response.headers.get("content-type", ""))
+            if not reply.started:
+                await reply.start(response.status_code, _downstream_headers(response))
+            elif response.status_code != 200:
+                # The loading-state stream already said 200: pass the error on as an event.
+                error = (await response.aread()).decode("utf-8", errors="replace")
+                exchange.error = f"upstream answered {response.status_code}"
+                await reply.body(event(exchange.model, error=error), more=False)
+                return
+            async for data in response.aiter_raw():
+                tap.feed(data)
+                await reply.body(data)
             await reply.body(b"", more=False)
         except httpx.HTTPError as exc:
-            raise UpstreamError(model, f"broke off mid-response: {_describe(exc)}") from exc
+            detail = f"broke off mid-response: {_describe(exc)}"
+            raise UpstreamError(exchange.model, detail) from exc
         finally:
             with trio.CancelScope(shield=True):
                 await response.aclose()
+
+
+@attrs.frozen
+class _Upstream:
+    """Where a request goes, and what changes on the way."""
+
+    url: str
+    query: bytes
+    payload: bytes | None  # None: stream the client's body through
+    extra_headers: list[tuple[bytes, bytes]]
+
+
+def _streaming_chat(route: Route, scope: HTTPScope, payload: bytes | None) -> bool:
+    if scope["path"] != "/v1/chat/completions" or payload is None:
+        return False
+    try:
+        return json.loads(payload).get("stream") is True
+    except ValueError:
+        return False
 
 
 def _header_map(scope: HTTPScope) -> dict[str, str]:

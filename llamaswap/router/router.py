@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator, Collection, Set
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Set
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import final
@@ -43,7 +43,8 @@ class Router:
         config: the validated configuration.
         spawner: starts model processes.
         probe: readiness check.
-        listeners: also told of every model state change (metrics, events).
+        listeners: also told of every model state change (metrics, events); more can
+            be added with ``add_listener`` before ``run``.
     """
 
     def __init__(
@@ -55,7 +56,7 @@ class Router:
         listeners: Collection[StateListener] = (),
     ) -> None:
         self.config = config
-        self._listeners = tuple(listeners)
+        self._listeners = list(listeners)
         self.supervisors = {
             model_id: ModelSupervisor(
                 model_id,
@@ -76,6 +77,9 @@ class Router:
         self._drained = trio.Event()
         self._drained.set()
 
+    def add_listener(self, listener: StateListener) -> None:
+        self._listeners.append(listener)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
         async with trio.open_nursery() as nursery:
@@ -93,9 +97,17 @@ class Router:
 
     @asynccontextmanager
     async def acquire(
-        self, model: str, *, priority: int = 0, needs_slot: bool = True
+        self,
+        model: str,
+        *,
+        priority: int = 0,
+        needs_slot: bool = True,
+        while_waiting: Callable[[Ticket], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Ticket]:
         """Wait until ``model`` may serve this request; hold it while the block runs.
+
+        ``while_waiting(ticket)``, if given, runs while the request waits (it is cancelled
+        when the wait ends); it does not run for a request granted at once.
 
         Raises:
             ConcurrencyLimit: at once, before waiting, when the model is full.
@@ -113,9 +125,11 @@ class Router:
         )
         ticket.waiter = Waiter(partial(self.scheduler.on_cancel, ticket))
         self.scheduler.on_request(ticket)
-        if not ticket.waiter.woken:
+        if ticket.waiter.woken:
+            await ticket.waiter.wait()
+        else:
             logger.debug("request #%d for %r: %s", ticket.seq, model, ticket.state.value)
-        await ticket.waiter.wait()
+            await self._wait(ticket, while_waiting)
         try:
             yield ticket
         finally:
@@ -124,6 +138,24 @@ class Router:
             self._serving -= 1
             if not self._serving:
                 self._drained.set()
+
+    async def _wait(
+        self, ticket: Ticket, while_waiting: Callable[[Ticket], Awaitable[None]] | None
+    ) -> None:
+        assert ticket.waiter is not None
+        if while_waiting is None:
+            await ticket.waiter.wait()
+            return
+        failure: RequestError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(while_waiting, ticket)
+            try:
+                await ticket.waiter.wait()
+            except RequestError as exc:
+                failure = exc
+            nursery.cancel_scope.cancel(reason="the wait is over")
+        if failure is not None:
+            raise failure
 
     async def load(self, model: str, *, priority: int = 0) -> None:
         """Make ``model`` ready, queued like a request (``POST /api/models/load``)."""

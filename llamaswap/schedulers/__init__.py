@@ -15,6 +15,7 @@ from .fifo import FifoScheduler as FifoScheduler
 from .priority import BANDS as BANDS
 from .priority import band_of as band_of
 from .priority import parse_priority as parse_priority
+from .serial import SerialScheduler as SerialScheduler
 from .waitqueue import PriorityWaitQueue as PriorityWaitQueue
 from .waitqueue import Waiter as Waiter
 
@@ -25,6 +26,7 @@ __all__ = [
     "PriorityWaitQueue",
     "Scheduler",
     "SchedulerStatistics",
+    "SerialScheduler",
     "Swap",
     "Swapper",
     "Ticket",
@@ -45,4 +47,13 @@ def make_scheduler(config: Config, effects: Effects, swapper: Swapper) -> Schedu
         model_id = config.resolve(name)
         if model_id is not None:
             priorities[model_id] = value
+    if section.use == "serial":
+        serial = section.settings.serial
+        return SerialScheduler(
+            effects,
+            swapper,
+            limits=limits,
+            aging_divisor=serial.aging_divisor,
+            swap_affinity_bonus=serial.swap_affinity_bonus,
+        )
     return FifoScheduler(effects, swapper, limits=limits, priorities=priorities)

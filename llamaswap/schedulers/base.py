@@ -56,6 +56,7 @@ class Ticket:
         effective_priority: what dispatch uses (``fifo`` adds its per-model priority).
         score: under ``serial``, the score at the pick; ``None`` if never picked.
         dispatched_at: when it left the queue (granted, or its load started or joined).
+        metadata: what the scheduler wants in the activity log (e.g. ``affinity``).
         waiter: where the request's task is parked (the router's; tests leave it unset).
     """
 
@@ -68,6 +69,7 @@ class Ticket:
     state: TicketState = TicketState.QUEUED
     score: float | None = None
     dispatched_at: float | None = None
+    metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
     waiter: Waiter | None = attrs.field(default=None, repr=False)
 
     @property

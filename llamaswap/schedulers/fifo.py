@@ -58,7 +58,9 @@ class FifoScheduler:
 
     def on_request(self, ticket: Ticket) -> None:
         self._ledger.admit(ticket)
-        ticket.effective_priority = self._priorities.get(ticket.model, 0) + ticket.priority
+        model_priority = self._priorities.get(ticket.model, 0)
+        ticket.effective_priority = model_priority + ticket.priority
+        ticket.metadata["fifo_priority"] = model_priority
         if not self._dispatch(ticket):
             self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
 

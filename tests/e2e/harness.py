@@ -192,3 +192,19 @@ async def stop_proxy(proxy: ProxyProcess) -> None:
             process.kill()
             await process.wait()
         await wait_until(lambda: not survivors(proxy.marker), within=5)
+
+
+async def open_raw_request(url: str, path: str, body: bytes) -> trio.SocketStream:
+    """POST ``body`` as JSON over a bare socket; the caller reads, then closes, the stream.
+
+    For tests that hang up mid-response: closing a socket is the whole point there, with
+    no client library in between.
+    """
+    host, _, port = url.removeprefix("http://").partition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    await stream.send_all(head.encode() + body)
+    return stream

@@ -8,7 +8,14 @@ import pytest
 import trio
 import trio.testing
 
-from llamaswap.config.model import Config, ModelConfig
+from llamaswap.config.model import (
+    Config,
+    ModelConfig,
+    Routing,
+    SchedulerSection,
+    SchedulerSettings,
+    SerialSettings,
+)
 from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, ShuttingDown
 from llamaswap.process import ModelState
 from llamaswap.router import Router
@@ -240,3 +247,45 @@ async def test_request_during_ttl_stop_waits_and_restarts(
         assert router.model_state("a") is S.READY
     assert trio.current_time() - t0 == 2.0
     assert len(spawner.processes) == 2
+
+
+@pytest.mark.parametrize(("late", "order"), [(150.0, ["c", "b"]), (201.0, ["b", "c"])])
+async def test_serial_aging_overtakes_at_an_exact_time(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    late: float,
+    order: list[str],
+) -> None:
+    # One aging point per second, no affinity. At the pick (t0 + 250) a batch request
+    # (-100) that has waited since t0 scores 150; an interactive one (+100) that arrived
+    # at t0 + late scores 100 + 250 - late: 200 if late = 150 (it wins), 149 if 201.
+    spawner.script = Script(healthy_after=0.0)
+    serial = SerialSettings(aging_divisor=1.0, swap_affinity_bonus=0)
+    config = Config(
+        models={"a": model(1), "b": model(2), "c": model(3)},
+        routing=Routing(
+            scheduler=SchedulerSection(use="serial", settings=SchedulerSettings(serial=serial))
+        ),
+    )
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    await nursery.start(router.run)
+    served: list[tuple[str, float]] = []
+    both = trio.Event()
+
+    async def request(name: str, priority: int) -> None:
+        async with router.acquire(name, priority=priority):
+            served.append((name, trio.current_time()))
+            if len(served) == 2:
+                both.set()
+
+    async with router.acquire("a"):
+        t0 = trio.current_time()
+        nursery.start_soon(request, "b", -100)
+        await trio.sleep(late)
+        nursery.start_soon(request, "c", 100)
+        await trio.sleep(250.0 - late)
+    await both.wait()
+    assert [name for name, _ in served] == order
+    assert served[0][1] == t0 + 250.0

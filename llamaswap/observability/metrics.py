@@ -1,0 +1,138 @@
+"""``/metrics`` (SPEC §9.1) in the Prometheus text format, on a registry of our own.
+
+Two kinds of series. Event counts and durations (requests, tokens, loads) are
+``prometheus_client`` counters and histograms, updated as things happen. Everything that is
+a *state* (queue depth and oldest wait by band, dispatches, changed picks, model states,
+in-flight requests) is read from ``statistics()`` snapshots at scrape time by a collector,
+so the exposition can never drift from the scheduler. All five band labels are always
+present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import final
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llamaswap.process import ModelState, ModelSupervisor
+from llamaswap.schedulers import Scheduler
+from llamaswap.schedulers.priority import BANDS
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+@final
+class Metrics:
+    """Every series llamaswap exports."""
+
+    def __init__(self, scheduler: Scheduler, supervisors: dict[str, ModelSupervisor]) -> None:
+        self.registry = CollectorRegistry()
+        self._supervisors = supervisors
+        registry = self.registry
+        self.requests = Counter(
+            "llamaswap_requests", "Proxied requests by model and HTTP status.",
+            ["model", "status"], registry=registry,
+        )  # fmt: skip
+        self.request_duration = Histogram(
+            "llamaswap_request_duration_seconds", "Time from arrival to the last byte.",
+            ["model"], buckets=_SECONDS, registry=registry,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "llamaswap_scheduler_queue_wait_seconds",
+            "Time from arrival to dispatch (served, or its load started or joined).",
+            ["band"], buckets=_SECONDS, registry=registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "llamaswap_tokens", "Tokens reported in responses' usage, by model and kind.",
+            ["model", "kind"], registry=registry,
+        )  # fmt: skip
+        self.loads = Counter(
+            "llamaswap_model_loads", "Model starts by result: ready, failed or cancelled.",
+            ["model", "result"], registry=registry,
+        )  # fmt: skip
+        self.load_duration = Histogram(
+            "llamaswap_model_load_duration_seconds", "Time from start to ready.",
+            ["model"], buckets=_SECONDS, registry=registry,
+        )  # fmt: skip
+        for band in BANDS:
+            self.queue_wait.labels(band)
+        registry.register(_Snapshots(scheduler, supervisors))
+        self._starting: dict[str, tuple[float, int]] = {}
+
+    def on_model_state(self, model: str, state: ModelState) -> None:
+        """Count loads from the supervisor's transitions (a state listener)."""
+        now = trio.current_time()
+        failures = self._supervisors[model].statistics().start_failures
+        if state is ModelState.STARTING:
+            self._starting[model] = (now, failures)
+            return
+        started = self._starting.pop(model, None)
+        if started is None:
+            return
+        if state is ModelState.READY:
+            self.loads.labels(model, "ready").inc()
+            self.load_duration.labels(model).observe(now - started[0])
+        else:
+            result = "failed" if failures > started[1] else "cancelled"
+            self.loads.labels(model, result).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@final
+class _Snapshots(Collector):
+    def __init__(self, scheduler: Scheduler, supervisors: dict[str, ModelSupervisor]) -> None:
+        self._scheduler = scheduler
+        self._supervisors = supervisors
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._scheduler.statistics()
+        depth = GaugeMetricFamily(
+            "llamaswap_scheduler_queue_depth", "Requests waiting, not yet dispatched.",
+            labels=["band"],
+        )  # fmt: skip
+        oldest = GaugeMetricFamily(
+            "llamaswap_scheduler_queue_oldest_wait_seconds",
+            "How long the oldest waiting request has waited (0 when none waits).",
+            labels=["band"],
+        )
+        dispatched = CounterMetricFamily(
+            "llamaswap_scheduler_dispatch", "Requests dispatched, by band.", labels=["band"]
+        )
+        for band, numbers in stats.bands.items():
+            depth.add_metric([band], numbers.depth)
+            oldest.add_metric([band], numbers.oldest_wait)
+            dispatched.add_metric([band], numbers.dispatched)
+        yield from (depth, oldest, dispatched)
+        yield CounterMetricFamily(
+            "llamaswap_scheduler_aging_changed_pick",
+            "Picks that would have gone to another request without the aging term.",
+            value=stats.aging_changed_picks,
+        )
+        yield CounterMetricFamily(
+            "llamaswap_scheduler_affinity_changed_pick",
+            "Picks that would have gone to another request without swap affinity.",
+            value=stats.affinity_changed_picks,
+        )
+        states = GaugeMetricFamily(
+            "llamaswap_model_state", "1 for the state each model is in.",
+            labels=["model", "state"],
+        )  # fmt: skip
+        in_flight = GaugeMetricFamily(
+            "llamaswap_in_flight_requests", "Requests being served, by model.", labels=["model"]
+        )
+        for model, supervisor in self._supervisors.items():
+            snapshot = supervisor.statistics()
+            for state in ModelState:
+                states.add_metric([model, state.value], float(snapshot.state is state))
+            in_flight.add_metric([model], snapshot.in_flight)
+        yield from (states, in_flight)

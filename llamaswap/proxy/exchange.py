@@ -1,0 +1,92 @@
+"""One request as it passes through the handlers, and its record when it is over.
+
+Each handler on a request's path may add to ``Exchange.metadata`` (the model name it
+asked for, the alias it used, the peer it went to, the scheduler's own notes); all of it
+lands in the activity log with the request.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, final
+
+import attrs
+import trio
+
+from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, UsageTap
+from llamaswap.schedulers import Ticket, band_of
+
+__all__ = ["Exchange", "Recorder"]
+
+
+@attrs.define(eq=False)
+class Exchange:
+    method: str
+    path: str
+    started: float = attrs.field(factory=trio.current_time)
+    wall_time: datetime.datetime = attrs.field(
+        factory=lambda: datetime.datetime.now(datetime.timezone.utc)
+    )
+    model: str = ""
+    priority: int = 0
+    ticket: Ticket | None = None
+    status: int | None = None
+    error: str | None = None
+    tap: UsageTap | None = None
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+
+
+#: Recorded when the client went away before any response was sent (as nginx does).
+CLIENT_CLOSED = 499
+
+
+@final
+class Recorder:
+    """Turns finished exchanges into activity records and metrics."""
+
+    def __init__(self, activity: ActivityLog, metrics: Metrics, scheduler: str) -> None:
+        self.activity = activity
+        self.metrics = metrics
+        self._scheduler = scheduler
+
+    def finish(self, exchange: Exchange) -> ActivityRecord:
+        ticket = exchange.ticket
+        status = exchange.status if exchange.status is not None else CLIENT_CLOSED
+        duration = trio.current_time() - exchange.started
+        priority = exchange.priority if ticket is None else ticket.effective_priority
+        queue_wait = None if ticket is None else ticket.queue_wait
+        usage = exchange.tap.usage() if exchange.tap is not None else None
+        metadata = dict(exchange.metadata)
+        if ticket is not None:
+            metadata.update(ticket.metadata)
+        record = ActivityRecord(
+            id=self.activity.next_id(),
+            time=exchange.wall_time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            model=exchange.model,
+            method=exchange.method,
+            path=exchange.path,
+            status=status,
+            duration_ms=round(duration * 1000, 3),
+            queue_wait_ms=None if queue_wait is None else round(queue_wait * 1000, 3),
+            scheduler=None if ticket is None else self._scheduler,
+            priority=priority,
+            band=band_of(priority),
+            score=None if ticket is None else ticket.score,
+            prompt_tokens=None if usage is None else usage.prompt_tokens,
+            completion_tokens=None if usage is None else usage.completion_tokens,
+            error=exchange.error,
+            metadata=metadata,
+        )
+        self.activity.add(record)
+        metrics = self.metrics
+        metrics.requests.labels(exchange.model, str(status)).inc()
+        metrics.request_duration.labels(exchange.model).observe(duration)
+        if queue_wait is not None:
+            metrics.queue_wait.labels(record.band).observe(queue_wait)
+        for kind, count in (
+            ("prompt", record.prompt_tokens),
+            ("completion", record.completion_tokens),
+        ):
+            if count:
+                metrics.tokens.labels(exchange.model, kind).inc(count)
+        return record

@@ -1,0 +1,352 @@
+"""``serial``: one slot for the whole box, dispatched by score (SPEC §7.5).
+
+The problem
+-----------
+A GPU that fits one model at a time is a size-1 resource. A batch job can hold it for
+minutes; under ``fifo`` every interactive request that arrives meanwhile queues behind it
+in arrival order. Callers know how urgent they are, so they say so with the
+``X-LlamaSwap-Priority`` header, and this scheduler dispatches one request at a time,
+across all models, picking the best score whenever the slot frees::
+
+    score = priority + affinity + wait_seconds / agingDivisor
+    affinity = min(swapAffinityBonus, 99) if the request's model is ready and needs no
+               eviction, else 0
+
+Ties go to the earliest arrival. A request whose model must load holds the slot through
+the load; nothing running is ever preempted.
+
+Why these terms
+---------------
+*Priority* is the caller's word. Bands sit 100 apart (``interactive`` 100, ``normal`` 0,
+``batch`` -100) so a caller can add a small offset to order work inside its band.
+*Affinity* saves swaps: a request for the model already loaded goes before an equal
+request that would evict it, because a swap costs seconds to minutes of GPU time. It is
+capped at 99 so that it can reorder work *within* a band but never lift a request over one
+a full band (100) above it. *Aging* makes starvation impossible: every waiting request
+gains a point per ``agingDivisor`` seconds, without bound, so even ``batch`` work
+eventually outscores a steady stream of fresh ``interactive`` requests.
+
+Why a pick is O(models + log n)
+-------------------------------
+Every waiting request ages at the same rate, so ``wait / agingDivisor`` adds the same
+amount to every score: the order between two requests never changes with time. Multiply a
+score by ``agingDivisor`` and drop the ``now`` common to all, and the order is that of
+the *static key* ``priority * agingDivisor - arrival``, fixed at arrival. Only affinity
+changes, and it is a property of the model, not of the request. So requests wait in one
+heap per model (a *lane*) ordered by static key, and a pick compares the head of each lane
+plus that model's affinity: O(models) peeks and one O(log n) pop. Keys are integers
+(times in nanoseconds), so arbitrarily large priorities compare exactly. With
+``agingDivisor = 0`` aging is off and the key is the priority alone.
+
+Rejected alternatives
+---------------------
+*Preemption* (stopping a running request for a better one) would waste the work done and
+break streaming clients; the slot is only reassigned when it frees. *Recomputing every
+score at each pick* is O(n) per pick and, at 100 000 waiting requests, too slow to do on
+every completion. *Strict priority with no aging* starves batch work under steady load.
+*Affinity without a cap* lets a cheap swap-avoidance beat genuinely urgent work.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Collection, Iterator
+from typing import final
+
+import attrs
+
+from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.process.state import ModelState
+
+from .base import Effects, SchedulerStatistics, Swap, Swapper, Ticket, TicketState
+from .ledger import Ledger
+from .waitqueue import PriorityWaitQueue
+
+__all__ = ["AFFINITY_CAP", "SerialScheduler"]
+
+#: Affinity never reaches a full band (100): it reorders within a band, never across.
+AFFINITY_CAP = 99
+
+_NS = 1_000_000_000
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * _NS)
+
+
+@attrs.define(eq=False)
+class _Lane:
+    """The waiting requests for one model, in two orders."""
+
+    by_score: PriorityWaitQueue[Ticket] = attrs.field(factory=PriorityWaitQueue)
+    by_priority: PriorityWaitQueue[Ticket] = attrs.field(factory=PriorityWaitQueue)
+
+    def __len__(self) -> int:
+        return len(self.by_score)
+
+    def remove(self, ticket: Ticket) -> bool:
+        self.by_priority.remove(ticket)
+        return self.by_score.remove(ticket)
+
+
+@final
+class SerialScheduler:
+    """See the module docstring.
+
+    Args:
+        effects: the router.
+        swapper: the eviction policy.
+        limits: ``concurrencyLimit`` per model ID.
+        aging_divisor: seconds per aging point; 0 disables aging.
+        swap_affinity_bonus: points for a request whose model is ready; capped at 99.
+    """
+
+    name = "serial"
+
+    def __init__(
+        self,
+        effects: Effects,
+        swapper: Swapper,
+        *,
+        limits: collections.abc.Mapping[str, int],
+        aging_divisor: float = 60.0,
+        swap_affinity_bonus: int = 10,
+    ) -> None:
+        self._ledger = Ledger(effects, swapper, limits)
+        self._effects = effects
+        self._divisor = aging_divisor
+        self._divisor_ns = _ns(aging_divisor)
+        self._bonus = min(swap_affinity_bonus, AFFINITY_CAP)
+        self._lanes: dict[str, _Lane] = collections.defaultdict(_Lane)
+        self._waiting = 0
+        self._holder: Ticket | None = None
+        self.aging_changed_picks = 0
+        self.affinity_changed_picks = 0
+
+    # ------------------------------------------------------------------ keys
+
+    def static_key(self, ticket: Ticket) -> int:
+        """The score times ``agingDivisor``, minus the ``now`` common to all requests."""
+        if self._divisor_ns:
+            return ticket.priority * self._divisor_ns - _ns(ticket.arrival)
+        return ticket.priority
+
+    def _bonus_units(self) -> int:
+        return self._bonus * (self._divisor_ns or 1)
+
+    def affinity(self, model: str) -> bool:
+        """Whether requests for ``model`` get the affinity bonus now."""
+        if not self._bonus or self._effects.model_state(model) is not ModelState.READY:
+            return False
+        return not self._ledger.plan(model).evict
+
+    def score(self, ticket: Ticket, *, affinity: bool) -> float:
+        """The score as the docs write it, in points (for logs and the activity log)."""
+        aging = 0.0
+        if self._divisor:
+            aging = (self._effects.now() - ticket.arrival) / self._divisor
+        bonus = self._bonus if affinity else 0
+        try:
+            return float(ticket.priority + bonus) + aging
+        except OverflowError:  # a priority beyond a float's range
+            return float("inf") if ticket.priority > 0 else float("-inf")
+
+    # ----------------------------------------------------------------- events
+
+    def on_request(self, ticket: Ticket) -> None:
+        self._ledger.admit(ticket)
+        ticket.effective_priority = ticket.priority
+        if not ticket.needs_slot and self._ledger.plan(ticket.model).immediate:
+            self._ledger.grant(ticket)  # a page like GET /props: no slot needed
+            return
+        lane = self._lanes[ticket.model]
+        lane.by_score.push(ticket, (-self.static_key(ticket), ticket.seq))
+        lane.by_priority.push(ticket, (-ticket.priority, ticket.seq))
+        self._waiting += 1
+        self._fill_slot()
+
+    def on_cancel(self, ticket: Ticket) -> None:
+        ledger = self._ledger
+        if self._unqueue(ticket):
+            ledger.release(ticket)
+            return
+        if ticket is not self._holder:
+            return
+        if ticket.state is TicketState.LOADING:
+            successor = self._pop_best(ticket.model)
+            if successor is not None:
+                # Another request wants this model: the load goes on, for it.
+                self._holder = successor
+                successor.score = self.score(successor, affinity=self.affinity(ticket.model))
+                ledger.join(successor, ledger.swaps[ticket.model])
+                ledger.leave_swap(ticket)
+                ledger.release(ticket)
+                return
+            ledger.leave_swap(ticket)
+        ledger.release(ticket)
+        self._holder = None
+        self._fill_slot()
+
+    def on_serve_done(self, ticket: Ticket) -> None:
+        self._ledger.serve_done(ticket)
+        if ticket is self._holder:
+            self._holder = None
+            self._fill_slot()
+        elif self._holder is not None and self._holder.state is TicketState.QUEUED:
+            self._dispatch(self._holder)  # its swap waited for this model to drain
+
+    def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
+        if not self._ledger.finish_swap(swap):
+            return
+        (holder,) = swap.waiters
+        if error is None:
+            self._ledger.grant(holder)
+            return
+        self._ledger.fail(holder, error)
+        self._fail_queued({swap.target}, error)
+        self._holder = None
+        self._fill_slot()
+
+    def on_model_state(self, model: str, state: ModelState) -> None:
+        if state is ModelState.READY and self._ledger.plan(model).immediate:
+            lane = self._lanes.get(model)
+            for ticket in [] if lane is None else lane.by_score.ordered():
+                if not ticket.needs_slot:
+                    self._unqueue(ticket)
+                    self._ledger.grant(ticket)
+
+    def on_unload(self, models: Collection[str]) -> None:
+        holder = self._holder
+        waiting = holder is not None and holder.state is not TicketState.SERVING
+        if holder is not None and waiting and holder.model in models:
+            swap = self._ledger.swaps.get(holder.model)
+            if swap is not None:
+                self._ledger.abandon_swap(swap, ModelUnloaded(holder.model), "unloaded")
+            else:
+                self._ledger.fail(holder, ModelUnloaded(holder.model))
+            self._holder = None
+        for model in models:
+            self._fail_queued({model}, ModelUnloaded(model))
+        self._fill_slot()
+
+    def on_shutdown(self, error: RequestError) -> None:
+        self._ledger.closed = error
+        for swap in list(self._ledger.swaps.values()):
+            self._ledger.abandon_swap(swap, error, "shutting down")
+        holder = self._holder
+        if holder is not None and holder.state is TicketState.QUEUED:
+            self._ledger.fail(holder, error)
+        if holder is not None and holder.state is not TicketState.SERVING:
+            self._holder = None
+        self._fail_queued(None, error)
+
+    # ------------------------------------------------------------------ views
+
+    def position(self, ticket: Ticket) -> int | None:
+        lane = self._lanes.get(ticket.model)
+        if lane is None or ticket not in lane.by_score:
+            return None
+        affinity = {model: self.affinity(model) for model, queued in self._lanes.items() if queued}
+        rank = self._rank(ticket, affinity[ticket.model])
+        ahead = [t for t in self._queued() if self._rank(t, affinity[t.model]) > rank]
+        return 1 + len(ahead)
+
+    def statistics(self) -> SchedulerStatistics:
+        ledger = self._ledger
+        holder = self._holder
+        return SchedulerStatistics(
+            name=self.name,
+            waiting=self._waiting,
+            loading=ledger.loading_count(),
+            serving=sum(ledger.in_flight.values()),
+            swaps=tuple(sorted(ledger.swaps)),
+            bands=ledger.band_statistics(self._queued()),
+            aging_changed_picks=self.aging_changed_picks,
+            affinity_changed_picks=self.affinity_changed_picks,
+            slot_holder=None if holder is None else holder.model,
+        )
+
+    # --------------------------------------------------------------- the pick
+
+    def _rank(self, ticket: Ticket, affinity: bool) -> tuple[int, int]:
+        """Bigger is better: the static key plus affinity, then earlier arrival."""
+        return (self.static_key(ticket) + (self._bonus_units() if affinity else 0), -ticket.seq)
+
+    def choose(self) -> Ticket | None:
+        """The request the next pick takes (without taking it); counts nothing."""
+        return self._choose()[0]
+
+    def _choose(self) -> tuple[Ticket | None, Ticket | None, Ticket | None]:
+        """The pick, the pick without aging, and the pick without affinity."""
+        best = no_aging = no_affinity = None
+        best_rank = no_aging_rank = no_affinity_rank = (0, 0)
+        for model, lane in self._lanes.items():
+            if not lane:
+                continue
+            head = lane.by_score.peek()
+            assert head is not None
+            affinity = self.affinity(model)
+            rank = self._rank(head, affinity)
+            if best is None or rank > best_rank:
+                best, best_rank = head, rank
+            plain = self._rank(head, False)
+            if no_affinity is None or plain > no_affinity_rank:
+                no_affinity, no_affinity_rank = head, plain
+            eldest = lane.by_priority.peek()
+            assert eldest is not None
+            unaged = (eldest.priority + (self._bonus if affinity else 0), -eldest.seq)
+            if no_aging is None or unaged > no_aging_rank:
+                no_aging, no_aging_rank = eldest, unaged
+        return best, no_aging, no_affinity
+
+    def _fill_slot(self) -> None:
+        while self._holder is None and self._waiting:
+            candidates = self._waiting
+            ticket, no_aging, no_affinity = self._choose()
+            assert ticket is not None
+            if candidates >= 2:
+                self.aging_changed_picks += no_aging is not ticket
+                self.affinity_changed_picks += no_affinity is not ticket
+            affinity = self.affinity(ticket.model)
+            ticket.score = self.score(ticket, affinity=affinity)
+            ticket.metadata["affinity"] = affinity
+            self._unqueue(ticket)
+            self._holder = ticket
+            self._dispatch(ticket)
+
+    def _dispatch(self, ticket: Ticket) -> None:
+        """Serve the slot holder, or start its load (unless a model it evicts is busy)."""
+        ledger = self._ledger
+        plan = ledger.plan(ticket.model)
+        if plan.immediate:
+            ledger.grant(ticket)
+        elif not plan.blocked:
+            ledger.start_swap(ticket, plan.evict)
+        # else: it keeps the slot, QUEUED, until the busy model drains (on_serve_done).
+
+    # ---------------------------------------------------------------- queues
+
+    def _queued(self) -> Iterator[Ticket]:
+        for lane in self._lanes.values():
+            yield from lane.by_score
+
+    def _unqueue(self, ticket: Ticket) -> bool:
+        lane = self._lanes.get(ticket.model)
+        if lane is None or not lane.remove(ticket):
+            return False
+        self._waiting -= 1
+        return True
+
+    def _pop_best(self, model: str) -> Ticket | None:
+        lane = self._lanes.get(model)
+        head = None if lane is None else lane.by_score.peek()
+        if head is not None:
+            self._unqueue(head)
+        return head
+
+    def _fail_queued(self, models: Collection[str] | None, error: RequestError) -> None:
+        for model, lane in list(self._lanes.items()):
+            if models is None or model in models:
+                for ticket in lane.by_score.ordered():
+                    self._unqueue(ticket)
+                    self._ledger.fail(ticket, error)

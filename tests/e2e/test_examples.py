@@ -1,0 +1,79 @@
+"""Every example config is valid, and the quickstart does what README.md says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import REPO, free_port_base
+
+EXAMPLES = sorted((REPO / "examples").rglob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))
+def test_example_passes_check_config(path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llamaswap", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{path}: ok"
+
+
+def test_check_config_reports_every_problem_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        "healthCheckTimout = 30\n"
+        "[models.chat]\ncmd = 'llama-server --port ${PORT}'\nttl = 'five minutes'\n"
+        "[routing.scheduler]\nuse = 'seriel'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "llamaswap", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    typo = "unknown key 'healthCheckTimout'; did you mean 'healthCheckTimeout'?"
+    assert f"{bad}: healthCheckTimout: {typo}" in lines
+    assert any(line.startswith(f"{bad}: models.chat.ttl: ") for line in lines)
+    assert any(
+        line.startswith(f"{bad}: routing.scheduler.use: ") and "did you mean 'serial'" in line
+        for line in lines
+    )
+    assert lines[-1] == "3 problems found"
+
+
+async def test_quickstart_serves_two_models_with_a_swap(proxy_factory: StartProxy) -> None:
+    text = (REPO / "examples" / "quickstart.toml").read_text()
+    text = re.sub(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)
+    proxy = await proxy_factory(text)
+    messages = [{"role": "user", "content": "hello"}]
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            listed = (await client.get("/v1/models")).json()["data"]
+            assert {m["id"] for m in listed} == {"chat", "coder", "embed"}
+            first = await client.post(
+                "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": messages}
+            )
+            assert first.json()["model"] == "chat"
+            embedding = await client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+            assert embedding.status_code == 200
+            second = await client.post(
+                "/v1/chat/completions", json={"model": "coder", "messages": messages}
+            )
+            assert second.json()["model"] == "coder"
+            running = {e["model"] for e in (await client.get("/running")).json()["running"]}
+            assert running == {"coder", "embed"}  # chat swapped out, embed persists
+    await proxy.output.wait_for(r"model 'chat': stopping \(evicted for 'coder'\)")

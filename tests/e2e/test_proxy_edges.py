@@ -1,0 +1,142 @@
+"""More of the proxy end to end: disconnects mid-stream, peers, keys, limits, passthrough."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import trio
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import open_raw_request
+from tests.e2e.test_proxy import chat, config, running
+
+
+async def test_client_disconnect_mid_stream_reaches_the_model_server(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(
+        config(
+            '[models.slow]\ncmd = "${fake} --tokens-per-second 20"\n'
+            '[models.other]\ncmd = "${fake}"'
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            body = chat("slow", stream=True, max_tokens=1000)  # 50 s if nobody stops it
+            stream = await open_raw_request(
+                proxy.url, "/v1/chat/completions", json.dumps(body).encode()
+            )
+            received = b""
+            while received.count(b"data: {") < 3:
+                received += await stream.receive_some()
+            assert received.startswith(b"HTTP/1.1 200")
+            await stream.aclose()
+            await proxy.output.wait_for(r"\[slow\] fake_server: client disconnected after \d+")
+            # The slot freed: a request that must evict 'slow' goes through at once.
+            other = await client.post("/v1/chat/completions", json=chat("other"))
+            assert other.status_code == 200
+            assert set(await running(client)) == {"other"}
+
+
+async def test_peers_are_reached_by_prefix_and_bare_name(proxy_factory: StartProxy) -> None:
+    back = await proxy_factory(config('[models.coder]\ncmd = "${fake}"', apiKeys=["back-key"]))
+    front = await proxy_factory(
+        config(
+            '[models.local]\ncmd = "${fake}"\n'
+            f'[peers.gpu2]\nproxy = "{back.url}"\napiKey = "back-key"\nmodels = ["coder"]'
+        )
+    )
+    async with front.client() as client:
+        with trio.fail_after(30):
+            for name in ("gpu2/coder", "coder"):
+                response = await client.post("/v1/chat/completions", json=chat(name))
+                assert response.status_code == 200, response.text
+                assert response.json()["model"] == "coder"
+            listed = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
+            assert listed == {"local", "gpu2/coder"}
+            assert await running(client) == {}  # peers bypass the local scheduler
+    assert "loading model 'coder'" in back.output.text()
+
+
+async def test_api_keys(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"', apiKeys=["k1", "k2"]))
+    basic = base64.b64encode(b"anyone:k2").decode()
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.get("/health")).status_code == 200
+            denied = await client.get("/v1/models")
+            assert denied.status_code == 401
+            assert denied.headers["www-authenticate"] == 'Basic realm="llamaswap"'
+            assert denied.json()["error"]["code"] == "invalid_api_key"
+            wrong = await client.post(
+                "/v1/chat/completions", json=chat("m"), headers={"x-api-key": "nope"}
+            )
+            assert wrong.status_code == 401
+            for headers in (
+                {"authorization": "Bearer k1"},
+                {"x-api-key": "k2"},
+                {"authorization": f"Basic {basic}"},
+            ):
+                ok = await client.post("/v1/chat/completions", json=chat("m"), headers=headers)
+                assert ok.status_code == 200
+
+
+async def test_body_larger_than_max_body_bytes_is_413(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"', maxBodyBytes=1000))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            big = chat("m", padding="x" * 2000)
+            response = await client.post("/v1/chat/completions", json=big)
+            assert response.status_code == 413
+            assert response.json()["error"]["code"] == "request_too_large"
+
+            async def chunked() -> AsyncIterator[bytes]:
+                yield json.dumps(big).encode()
+
+            streamed = await client.post("/v1/chat/completions", content=chunked())
+            assert streamed.status_code == 413
+            small = await client.post("/v1/chat/completions", json=chat("m"))
+            assert small.status_code == 200
+    assert "loading model 'm'" in proxy.output.text()
+
+
+async def test_upstream_passthrough_with_slashes_in_ids(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(config('[models."org/chat"]\ncmd = "${fake}"'))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            health = await client.get("/upstream/org/chat/health")
+            assert health.status_code == 200
+            assert health.json() == {"status": "ok"}
+            models = await client.get("/upstream/org/chat/v1/models")
+            assert models.json()["data"][0]["id"] == "org/chat"
+            missing = await client.get("/upstream/nope/health")
+            assert missing.status_code == 404
+
+
+async def test_multipart_routes_and_upstream_errors_pass_through(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.whisper]\ncmd = "${fake}"'))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            response = await client.post(
+                "/v1/audio/transcriptions",
+                data={"model": "whisper"},
+                files={"file": ("a.wav", b"RIFF....", "audio/wav")},
+            )
+    # The fake server has no transcription route: its own 404 comes back untouched.
+    assert response.status_code == 404
+    assert response.headers["x-fake-model"] == "whisper"
+
+
+async def test_preload_hook_loads_at_startup(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(
+        config('[models.m]\ncmd = "${fake}"\n[hooks.on_startup]\npreload = ["m"]')
+    )
+    await proxy.output.wait_for(r"model 'm': started pid")
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            loaded = await client.post("/api/models/load/m")
+            assert loaded.json() == {"model": "m", "state": "ready"}

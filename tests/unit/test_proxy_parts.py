@@ -1,0 +1,153 @@
+"""The pure parts of the HTTP side: model extraction, rewriting, auth, names, errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from llamaswap.config import loads_config
+from llamaswap.config.model import FilterConfig
+from llamaswap.errors import (
+    BadRequest,
+    ConcurrencyLimit,
+    ModelNotFound,
+    ModelStartFailed,
+    ModelUnloaded,
+    RequestError,
+    ShuttingDown,
+    Unauthorized,
+    UpstreamError,
+)
+from llamaswap.proxy.auth import authorized, presented_key
+from llamaswap.proxy.errors import error_response
+from llamaswap.proxy.extract import ModelIn, read_model, rewrite_body, rewrite_query
+from llamaswap.router.names import Local, Names, Peer
+
+FORM = "multipart/form-data; boundary=xyz"
+FORM_BODY = (
+    b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+    b"Content-Type: audio/wav\r\n\r\nRIFF....\r\n"
+    b'--xyz\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n--xyz--\r\n'
+)
+
+
+def test_model_from_json_multipart_and_query() -> None:
+    assert read_model(ModelIn.JSON, b'{"model": "chat"}', "application/json", b"") == "chat"
+    assert read_model(ModelIn.MULTIPART, FORM_BODY, FORM, b"") == "whisper"
+    assert read_model(ModelIn.QUERY, b"", "", b"x=1&model=org%2Fm") == "org/m"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"messages": []}', "names no model"),
+        (b'{"model": 7}', "names no model"),
+        (b'{"model": ""}', "names no model"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+def test_bad_json_bodies_are_400(body: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        read_model(ModelIn.JSON, body, "application/json", b"")
+
+
+def test_multipart_without_boundary_is_400() -> None:
+    with pytest.raises(BadRequest, match="boundary"):
+        read_model(ModelIn.MULTIPART, FORM_BODY, "multipart/form-data", b"")
+
+
+def test_unchanged_json_is_forwarded_byte_for_byte() -> None:
+    body = b'{"model":  "chat", "x": 1}'
+    assert rewrite_body(ModelIn.JSON, body, "application/json", model=None) is body
+
+
+def test_use_model_name_and_filters_rewrite_json() -> None:
+    body = json.dumps({"model": "chat", "temperature": 2, "top_k": 5, "stream": True}).encode()
+    filters = FilterConfig(
+        strip_params=("temperature", "model"), set_params={"top_k": 40, "model": "no"}
+    )
+    rewritten = json.loads(
+        rewrite_body(ModelIn.JSON, body, "application/json", model="qwen:7b", filters=filters)
+    )
+    assert rewritten == {"model": "qwen:7b", "top_k": 40, "stream": True}
+
+
+def test_use_model_name_rewrites_multipart_and_query() -> None:
+    rewritten = rewrite_body(ModelIn.MULTIPART, FORM_BODY, FORM, model="whisper-large-v3")
+    assert read_model(ModelIn.MULTIPART, rewritten, FORM, b"") == "whisper-large-v3"
+    assert b"RIFF...." in rewritten
+    assert rewrite_query(b"model=a&voice=b", "c") == b"model=c&voice=b"
+
+
+def test_api_keys_from_bearer_x_api_key_and_basic() -> None:
+    basic = base64.b64encode(b"user:s3cret").decode()
+    assert presented_key({"authorization": "Bearer s3cret"}) == "s3cret"
+    assert presented_key({"x-api-key": "s3cret"}) == "s3cret"
+    assert presented_key({"authorization": f"Basic {basic}"}) == "s3cret"
+    assert presented_key({"authorization": "Basic !!!"}) is None
+    assert presented_key({}) is None
+    assert authorized([], {})
+    assert authorized(["a", "s3cret"], {"authorization": "Bearer s3cret"})
+    assert not authorized(["a"], {"authorization": "Bearer s3cret"})
+    assert not authorized(["a"], {})
+
+
+def test_names_resolve_ids_aliases_and_peers() -> None:
+    config = loads_config(
+        """
+        [models."org/chat"]
+        cmd = "server --port ${PORT}"
+        aliases = ["gpt-4o-mini"]
+        [models.embed]
+        cmd = "server --port ${PORT}"
+        [peers.gpu2]
+        proxy = "http://10.0.0.2:8080"
+        models = ["coder", "embed", "shared"]
+        [peers.gpu3]
+        proxy = "http://10.0.0.3:8080"
+        models = ["shared"]
+        """
+    )
+    names = Names(config)
+    assert names.resolve("org/chat") == Local("org/chat")
+    assert names.resolve("gpt-4o-mini") == Local("org/chat")
+    assert names.resolve("embed") == Local("embed")  # local wins over a peer's bare name
+    coder = names.resolve("coder")
+    assert isinstance(coder, Peer)
+    assert (coder.peer_id, coder.model) == ("gpu2", "coder")
+    assert names.resolve("gpu2/embed") == Peer("gpu2", "embed", config.peers["gpu2"])
+    with pytest.raises(ModelNotFound):
+        names.resolve("shared")  # two peers have it: ambiguous without a prefix
+    assert isinstance(names.resolve("gpu3/shared"), Peer)
+    assert names.peer_models() == ["gpu2/coder", "gpu2/embed", "gpu2/shared", "gpu3/shared"]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (BadRequest("no model", param="model"), 400, "invalid_request"),
+        (Unauthorized(), 401, "invalid_api_key"),
+        (ModelNotFound("x"), 404, "model_not_found"),
+        (ConcurrencyLimit("x", 2), 429, "concurrency_limit"),
+        (ModelStartFailed("x", "exited", log_tail=["boom"]), 502, "model_start_failed"),
+        (UpstreamError("x", "refused"), 502, "upstream_error"),
+        (ModelUnloaded("x"), 503, "model_unloaded"),
+        (ShuttingDown(), 503, "shutting_down"),
+    ],
+)
+def test_error_table(error: RequestError, status: int, code: str) -> None:
+    got_status, headers, body = error_response(error)
+    document = json.loads(body)
+    assert got_status == status
+    assert document["error"]["code"] == code
+    assert document["error"]["message"] == str(error)
+    assert set(document["error"]) == {"message", "type", "code", "param"}
+    assert ("content-type", "application/json") in headers
+    if status == 429:
+        assert ("retry-after", "1") in headers
+    if status == 401:
+        assert ("www-authenticate", 'Basic realm="llamaswap"') in headers

@@ -1,0 +1,336 @@
+"""``serial`` as a pure state machine against a recording FakeEffects."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamaswap.config.model import GroupConfig
+from llamaswap.errors import ModelStartFailed, ModelUnloaded, ShuttingDown
+from llamaswap.process.state import ModelState
+from llamaswap.router.swappers.group import GroupSwapper
+from llamaswap.schedulers.base import Ticket, TicketState
+from llamaswap.schedulers.serial import SerialScheduler
+from tests.fakes import FakeEffects, ticket
+
+READY = ModelState.READY
+
+
+def make(
+    effects: FakeEffects,
+    *,
+    aging: float = 60.0,
+    bonus: int = 10,
+    limits: dict[str, int] | None = None,
+    groups: dict[str, GroupConfig] | None = None,
+) -> SerialScheduler:
+    return SerialScheduler(
+        effects,
+        GroupSwapper(groups or {}),
+        limits=limits or {},
+        aging_divisor=aging,
+        swap_affinity_bonus=bonus,
+    )
+
+
+def hold_slot(fx: FakeEffects, s: SerialScheduler, model: str = "x") -> Ticket:
+    """Put a request for a ready ``model`` in the slot, so later ones queue."""
+    fx.states[model] = READY
+    blocker = ticket(model, 0, arrival=fx.time)
+    s.on_request(blocker)
+    assert fx.granted[-1] is blocker
+    return blocker
+
+
+def order_served(fx: FakeEffects, s: SerialScheduler, blocker: Ticket) -> list[Ticket]:
+    """Release the slot repeatedly, completing loads, and return the dispatch order."""
+    served: list[Ticket] = []
+    current = blocker
+    while True:
+        before = len(fx.granted), len(fx.swaps)
+        s.on_serve_done(current)
+        if len(fx.swaps) > before[1]:
+            fx.complete(s, fx.last_swap())
+        if len(fx.granted) == before[0]:
+            return served
+        current = fx.granted[-1]
+        served.append(current)
+
+
+def test_one_request_at_a_time_across_models() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    blocker = hold_slot(fx, s, "a")
+    same_model = ticket("a", 1)
+    s.on_request(same_model)
+    assert same_model.state is TicketState.QUEUED  # even a ready model waits for the slot
+    assert s.statistics().slot_holder == "a"
+    assert order_served(fx, s, blocker) == [same_model]
+
+
+def test_bands_and_offsets_inside_a_band() -> None:
+    fx = FakeEffects()
+    s = make(fx, bonus=0)
+    blocker = hold_slot(fx, s)
+    batch = ticket("a", 1, priority=-100)
+    normal = ticket("a", 2, priority=0)
+    interactive = ticket("a", 3, priority=100)
+    interactive_vip = ticket("a", 4, priority=105)
+    above = ticket("a", 5, priority=1000)
+    for t in (batch, normal, interactive, interactive_vip, above):
+        s.on_request(t)
+    assert order_served(fx, s, blocker) == [above, interactive_vip, interactive, normal, batch]
+
+
+def test_ties_go_to_the_earliest_arrival() -> None:
+    fx = FakeEffects()
+    s = make(fx, aging=0.0, bonus=0)
+    blocker = hold_slot(fx, s)
+    tickets = [ticket("a", i, arrival=0.0) for i in range(1, 5)]
+    for t in reversed(tickets):  # seq, not insertion order, decides
+        s.on_request(t)
+    assert order_served(fx, s, blocker) == sorted(tickets, key=lambda t: t.seq)
+
+
+def test_affinity_beats_an_older_equal_priority_request() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    blocker = hold_slot(fx, s, "a")
+    older_b = ticket("b", 1, arrival=1.0)
+    newer_a = ticket("a", 2, arrival=2.0)
+    s.on_request(older_b)
+    s.on_request(newer_a)
+    fx.time = 3.0
+    s.on_serve_done(blocker)
+    assert fx.granted[-1] is newer_a  # 'a' is loaded: +10 beats one second of aging
+    assert newer_a.score == pytest.approx(10 + 1 / 60)
+    assert s.statistics().affinity_changed_picks == 1
+
+
+def test_affinity_never_beats_a_full_band_and_is_capped_at_99() -> None:
+    fx = FakeEffects()
+    s = make(fx, aging=0.0, bonus=5000)  # configured far above the cap
+    blocker = hold_slot(fx, s, "a")
+    loaded = ticket("a", 1, priority=0)
+    band_above = ticket("b", 2, priority=100)
+    s.on_request(loaded)
+    s.on_request(band_above)
+    assert order_served(fx, s, blocker)[0] is band_above
+
+
+def test_at_99_higher_affinity_ties_and_arrival_decides() -> None:
+    fx = FakeEffects()
+    s = make(fx, aging=0.0, bonus=99)
+    blocker = hold_slot(fx, s, "a")
+    loaded = ticket("a", 1, priority=0)  # 0 + 99
+    higher = ticket("b", 2, priority=99)  # 99 + 0, arrived later
+    s.on_request(higher)
+    s.on_request(loaded)
+    s.on_serve_done(blocker)
+    assert fx.granted[-1] is loaded
+
+
+@pytest.mark.parametrize(("interactive_arrival", "first"), [(11999.5, "a"), (12000.5, "b")])
+def test_aging_overtakes_exactly_when_the_bands_are_closed(
+    interactive_arrival: float, first: str
+) -> None:
+    # batch (-100) at t=0 versus interactive (+100): 200 points apart, 60 s per point,
+    # so an interactive request arriving more than 12 000 s later loses to the old batch.
+    fx = FakeEffects()
+    s = make(fx, bonus=0)
+    blocker = hold_slot(fx, s)
+    s.on_request(ticket("b", 1, priority=-100, arrival=0.0))
+    s.on_request(ticket("a", 2, priority=100, arrival=interactive_arrival))
+    fx.time = 13000.0
+    s.on_serve_done(blocker)
+    assert fx.last_swap().target == first
+    assert s.statistics().aging_changed_picks == (1 if first == "b" else 0)
+
+
+def test_aging_zero_restores_strict_priority_then_arrival() -> None:
+    fx = FakeEffects()
+    s = make(fx, aging=0.0, bonus=0)
+    blocker = hold_slot(fx, s)
+    old_batch = ticket("a", 1, priority=-100, arrival=0.0)
+    new_normal = ticket("a", 2, priority=0, arrival=10**6)
+    s.on_request(old_batch)
+    s.on_request(new_normal)
+    fx.time = 10**7
+    assert order_served(fx, s, blocker) == [new_normal, old_batch]
+
+
+def test_changed_pick_counters_need_two_candidates() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    blocker = hold_slot(fx, s, "a")
+    s.on_request(ticket("b", 1, arrival=0.0))
+    fx.time = 1.0
+    s.on_serve_done(blocker)
+    stats = s.statistics()
+    assert (stats.aging_changed_picks, stats.affinity_changed_picks) == (0, 0)
+
+
+def test_a_load_holds_the_slot_and_nothing_is_preempted() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    loading = ticket("a", 1)
+    s.on_request(loading)
+    swap = fx.last_swap()
+    urgent = ticket("b", 2, priority=10**6)
+    s.on_request(urgent)
+    assert urgent.state is TicketState.QUEUED
+    fx.complete(s, swap)
+    assert fx.granted == [loading]
+    assert urgent.state is TicketState.QUEUED
+    s.on_serve_done(loading)
+    assert fx.last_swap().target == "b"
+
+
+def test_cancel_during_load_with_nobody_else_frees_the_slot_at_once() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    loading = ticket("a", 1)
+    s.on_request(loading)
+    swap = fx.last_swap()
+    other = ticket("b", 2)
+    s.on_request(other)
+    s.on_cancel(loading)
+    assert fx.cancelled == [(swap, "every request waiting for 'a' has left")]
+    assert fx.last_swap().target == "b"
+    assert fx.last_swap().waiters == [other]
+    assert s.statistics().slot_holder == "b"
+
+
+def test_cancel_during_load_hands_the_load_to_another_request_for_that_model() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    loading = ticket("a", 1)
+    s.on_request(loading)
+    swap = fx.last_swap()
+    same = ticket("a", 2)
+    other = ticket("b", 3, priority=50)
+    s.on_request(same)
+    s.on_request(other)
+    s.on_cancel(loading)
+    assert fx.cancelled == []
+    assert swap.waiters == [same]
+    assert same.state is TicketState.LOADING
+    fx.complete(s, swap)
+    assert fx.granted == [same]
+
+
+def test_cancel_while_queued_never_loads_and_frees_the_reservation() -> None:
+    fx = FakeEffects()
+    s = make(fx, limits={"a": 1})
+    blocker = hold_slot(fx, s)
+    gone = ticket("a", 1)
+    s.on_request(gone)
+    s.on_cancel(gone)
+    again = ticket("a", 2)
+    s.on_request(again)  # the one place for 'a' is free again
+    s.on_cancel(again)
+    s.on_serve_done(blocker)
+    assert fx.swaps == []
+    assert s.statistics().waiting == 0
+
+
+def test_failure_fans_out_to_waiters_of_the_same_model() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    first = ticket("a", 1, priority=10)
+    s.on_request(first)
+    same = ticket("a", 2)
+    other = ticket("b", 3)
+    s.on_request(same)
+    s.on_request(other)
+    error = ModelStartFailed("a", "exited with status 1 while starting")
+    fx.complete(s, fx.last_swap(), error)
+    assert fx.failed == [(first, error), (same, error)]
+    assert fx.last_swap().target == "b"
+
+
+def test_unload_fails_waiters_of_that_model_and_frees_the_slot() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    loading = ticket("a", 1)
+    s.on_request(loading)
+    queued_a, queued_b = ticket("a", 2), ticket("b", 3)
+    s.on_request(queued_a)
+    s.on_request(queued_b)
+    s.on_unload(["a"])
+    assert [(t, type(e)) for t, e in fx.failed] == [
+        (loading, ModelUnloaded),
+        (queued_a, ModelUnloaded),
+    ]
+    assert fx.last_swap().target == "b"
+
+
+def test_pages_skip_the_slot_when_their_model_is_ready() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    blocker = hold_slot(fx, s, "a")
+    props = Ticket("a", seq=1, needs_slot=False)
+    s.on_request(props)
+    assert fx.granted[-1] is props
+    cold_props = Ticket("b", seq=2, needs_slot=False)
+    s.on_request(cold_props)  # its model must load: it waits for the slot like the rest
+    assert cold_props.state is TicketState.QUEUED
+    s.on_serve_done(props)
+    s.on_serve_done(blocker)
+    assert fx.last_swap().waiters == [cold_props]
+
+
+def test_a_swap_waits_for_a_busy_page_to_finish() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    fx.states["a"] = READY
+    props = Ticket("a", seq=1, needs_slot=False)
+    s.on_request(props)
+    wants_b = ticket("b", 2)
+    s.on_request(wants_b)
+    assert fx.swaps == []  # it holds the slot, but 'a' is serving a page
+    assert s.statistics().slot_holder == "b"
+    s.on_serve_done(props)
+    assert fx.last_swap().evict == {"a"}
+
+
+def test_shutdown_fails_every_waiter() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    blocker = hold_slot(fx, s)
+    queued = ticket("a", 1)
+    s.on_request(queued)
+    s.on_shutdown(ShuttingDown())
+    assert [t for t, _ in fx.failed] == [queued]
+    with pytest.raises(ShuttingDown):
+        s.on_request(ticket("a", 2))
+    s.on_serve_done(blocker)
+    assert fx.swaps == []
+
+
+def test_position_uses_the_pick_order() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    blocker = hold_slot(fx, s, "a")
+    b_high = ticket("b", 1, priority=5)
+    a_loaded = ticket("a", 2)
+    b_low = ticket("b", 3)
+    for t in (b_high, a_loaded, b_low):
+        s.on_request(t)
+    assert [s.position(t) for t in (a_loaded, b_high, b_low)] == [1, 2, 3]
+    assert s.position(blocker) is None
+    assert s.choose() is a_loaded
+
+
+def test_statistics_by_band() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    hold_slot(fx, s)
+    s.on_request(ticket("a", 1, priority=100, arrival=0.0))
+    s.on_request(ticket("a", 2, priority=-150, arrival=2.0))
+    fx.time = 10.0
+    stats = s.statistics()
+    assert stats.bands["interactive"].depth == 1
+    assert stats.bands["interactive"].oldest_wait == 10.0
+    assert stats.bands["batch"].depth == 1  # -150 rounds (halves up) to -100
+    assert stats.bands["normal"].dispatched == 1
+    assert stats.waiting == 2

@@ -1,0 +1,110 @@
+"""The efficient pick equals a brute-force argmax of the score, whatever the queue holds."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llamaswap.config.model import GroupConfig
+from llamaswap.process.state import ModelState
+from llamaswap.router.swappers.group import GroupSwapper
+from llamaswap.schedulers.base import Ticket
+from llamaswap.schedulers.serial import SerialScheduler
+from tests.fakes import FakeEffects
+
+MODELS = ("a", "b", "c", "d")
+GROUPS = {
+    "pair": GroupConfig(members=("c", "d"), swap=False, exclusive=False),
+    "side": GroupConfig(members=("busy",), exclusive=False),  # the blocker evicts nothing
+}
+NS = 1_000_000_000
+
+priorities = st.one_of(
+    st.sampled_from([-100, 0, 100]),
+    st.integers(-300, 300),
+    st.integers(-(10**30), 10**30),
+)
+requests = st.lists(
+    st.tuples(st.sampled_from(MODELS), priorities, st.integers(0, 10**6)),  # arrival in ms
+    min_size=1,
+    max_size=40,
+)
+
+
+def brute_force(
+    scheduler: SerialScheduler, waiting: list[Ticket], now_ms: int, divisor_ms: int, bonus: int
+) -> Ticket:
+    def score(t: Ticket) -> tuple[Fraction, int]:
+        aging = (
+            Fraction(now_ms - round(t.arrival * 1000), divisor_ms) if divisor_ms else Fraction()
+        )
+        affinity = min(bonus, 99) if scheduler.affinity(t.model) else 0
+        return (t.priority + affinity + aging, -t.seq)
+
+    return max(waiting, key=score)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    requests=requests,
+    cancelled=st.sets(st.integers(0, 39)),
+    ready=st.sets(st.sampled_from(MODELS)),
+    divisor_ms=st.sampled_from([0, 1, 500, 60_000, 7_777]),
+    bonus=st.sampled_from([0, 10, 99, 250]),
+)
+def test_efficient_pick_equals_brute_force(
+    requests: list[tuple[str, int, int]],
+    cancelled: set[int],
+    ready: set[str],
+    divisor_ms: int,
+    bonus: int,
+) -> None:
+    fx = FakeEffects()
+    for model in ready:
+        fx.states[model] = ModelState.READY
+    # Keep the slot busy with a request for another model, so every request queues.
+    fx.states["busy"] = ModelState.READY
+    scheduler = SerialScheduler(
+        fx,
+        GroupSwapper(GROUPS),
+        limits={},
+        aging_divisor=divisor_ms / 1000,
+        swap_affinity_bonus=bonus,
+    )
+    blocker = Ticket("busy", seq=0)
+    scheduler.on_request(blocker)
+    assert fx.granted == [blocker]
+    waiting: list[Ticket] = []
+    limits_ok: dict[str, int] = {}
+    for seq, (model, priority, arrival_ms) in enumerate(requests, start=1):
+        if limits_ok.get(model, 0) >= 10:  # concurrencyLimit default
+            continue
+        limits_ok[model] = limits_ok.get(model, 0) + 1
+        t = Ticket(model, priority=priority, seq=seq, arrival=arrival_ms / 1000)
+        scheduler.on_request(t)
+        waiting.append(t)
+    for index in sorted(cancelled):
+        if index < len(waiting):
+            scheduler.on_cancel(waiting[index])
+    remaining = [t for i, t in enumerate(waiting) if i not in cancelled]
+    now_ms = 10**6 + 1
+    fx.time = now_ms / 1000
+    if not remaining:
+        assert scheduler.choose() is None
+        return
+    assert scheduler.choose() is brute_force(scheduler, remaining, now_ms, divisor_ms, bonus)
+    # and the order stays right as picks take requests away one by one
+    current = blocker
+    while remaining:
+        expected = brute_force(scheduler, remaining, now_ms, divisor_ms, bonus)
+        assert scheduler.choose() is expected
+        swaps = len(fx.swaps)
+        scheduler.on_serve_done(current)
+        if len(fx.swaps) > swaps:
+            assert fx.swaps[-1].waiters == [expected]
+            fx.complete(scheduler, fx.swaps[-1])
+        assert fx.granted[-1] is expected
+        current = expected
+        remaining.remove(expected)
