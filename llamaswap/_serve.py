@@ -40,6 +40,8 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings = hypercorn.config.Config()
     settings.bind = [listen]
     settings.accesslog = None
+    # Through our logging setup rather than hypercorn's own handler (no double lines).
+    settings.errorlog = logging.getLogger("hypercorn.error")
     settings.graceful_timeout = config.unload_timeout
     settings.keep_alive_timeout = 75.0
     settings.h11_max_incomplete_size = 64 * 1024

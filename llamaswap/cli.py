@@ -13,6 +13,7 @@ import trio
 from llamaswap._serve import serve
 from llamaswap.config import Config, load_config
 from llamaswap.errors import ConfigError
+from llamaswap.router.swappers import make_swapper
 
 __all__ = ["check_config", "main"]
 
@@ -72,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=logging.WARNING if level == "warn" else level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        make_swapper(config)
+    except NotImplementedError as exc:
+        print(f"{options.config}: {exc}", file=sys.stderr)
+        sys.exit(2)
     trio.run(_run, config, options.listen)
 
 

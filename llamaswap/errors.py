@@ -8,6 +8,7 @@
         ├── BadRequest              400  body is not JSON, or names no model
         ├── Unauthorized            401  missing or wrong API key
         ├── ModelNotFound           404  no model, alias or peer model by that name
+        ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
         ├── ConcurrencyLimit        429  the model already has ``concurrencyLimit`` requests
         ├── ModelStartFailed        502  the model exited or timed out while starting
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "LlamaSwapError",
+    "MethodNotAllowed",
     "ModelNotFound",
     "ModelStartFailed",
     "ModelUnloaded",
@@ -103,6 +105,12 @@ class ModelNotFound(RequestError):
     def __init__(self, model: str) -> None:
         self.model = model
         super().__init__(f"model {model!r} not found; GET /v1/models lists the models")
+
+
+class MethodNotAllowed(RequestError):
+    def __init__(self, method: str, path: str, allowed: str) -> None:
+        self.allowed = allowed
+        super().__init__(f"{method} is not allowed on {path}; use {allowed}")
 
 
 class BodyTooLarge(RequestError):

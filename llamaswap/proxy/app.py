@@ -15,6 +15,7 @@ import httpx
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from llamaswap.config.model import Config
 from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
@@ -77,6 +78,15 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> App
     async def answer_error(error: RequestError) -> Response:
         status, headers, body = error_response(error)
         return Response(body, status=status, headers=dict(headers))
+
+    @quart.errorhandler(HTTPException)
+    async def answer_http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        code = (error.name or "error").lower().replace(" ", "_")
+        message = f"{request.method} {request.path}: {(error.name or 'error').lower()}"
+        error_body = {"message": message, "type": "invalid_request_error", "code": code}
+        body = json.dumps({"error": {**error_body, "param": None}})
+        return Response(body, status=status, content_type="application/json")
 
     @quart.before_request
     async def check_key() -> None:
@@ -148,9 +158,10 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> App
         exchange = Exchange(request.method, request.path)
         try:
             exchange.model = model_id = local(name)
-            exchange.priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
-            async with router.acquire(model_id, priority=exchange.priority) as ticket:
-                exchange.ticket = ticket
+            priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
+            exchange.ticket = router.ticket(model_id, priority=priority)
+            async with router.acquire(exchange.ticket):
+                pass
             exchange.status = 200
         except RequestError as exc:
             exchange.status = error_response(exc)[0]

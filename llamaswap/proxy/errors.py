@@ -8,6 +8,7 @@ from llamaswap.errors import (
     BadRequest,
     BodyTooLarge,
     ConcurrencyLimit,
+    MethodNotAllowed,
     ModelNotFound,
     ModelStartFailed,
     ModelUnloaded,
@@ -29,6 +30,7 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
         (("www-authenticate", 'Basic realm="llamaswap"'),),
     ),
     ModelNotFound: (404, "invalid_request_error", "model_not_found", ()),
+    MethodNotAllowed: (405, "invalid_request_error", "method_not_allowed", ()),
     BodyTooLarge: (413, "invalid_request_error", "request_too_large", ()),
     ConcurrencyLimit: (429, "rate_limit_error", "concurrency_limit", (("retry-after", "1"),)),
     ModelStartFailed: (502, "server_error", "model_start_failed", ()),
@@ -41,6 +43,8 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
 def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], bytes]:
     """Status, headers and JSON body for ``error``."""
     status, kind, code, extra = _TABLE[type(error)]
+    if isinstance(error, MethodNotAllowed):
+        extra = (("allow", error.allowed),)
     param = error.param if isinstance(error, BadRequest) else None
     body = {"error": {"message": str(error), "type": kind, "code": code, "param": param}}
     headers = [("content-type", "application/json"), *extra]

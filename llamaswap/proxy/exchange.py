@@ -29,7 +29,7 @@ class Exchange:
     )
     model: str = ""
     priority: int = 0
-    ticket: Ticket | None = None
+    ticket: Ticket | None = None  # set once the request goes to the scheduler
     status: int | None = None
     error: str | None = None
     tap: UsageTap | None = None

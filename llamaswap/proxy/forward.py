@@ -33,7 +33,13 @@ from hypercorn.typing import (
 )
 
 from llamaswap.config.model import Config
-from llamaswap.errors import BodyTooLarge, RequestError, Unauthorized, UpstreamError
+from llamaswap.errors import (
+    BodyTooLarge,
+    MethodNotAllowed,
+    RequestError,
+    Unauthorized,
+    UpstreamError,
+)
 from llamaswap.observability import UsageTap
 from llamaswap.router import Router
 from llamaswap.router.names import Local, Names, Peer
@@ -44,7 +50,7 @@ from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
 from .extract import ModelIn, read_model, rewrite_body, rewrite_query
-from .loading import SSE_HEADERS, event, report_progress
+from .loading import SSE_HEADERS, report_progress
 
 __all__ = ["Forwarder", "Route"]
 
@@ -77,6 +83,9 @@ _INFERENCE: dict[tuple[str, str], ModelIn] = {
     ("GET", "/props"): _Q,
 }
 
+#: The method each inference path answers to, for a JSON 405 on the others.
+_METHODS = {path: method for method, path in _INFERENCE}
+
 UPSTREAM_PREFIX = "/upstream/"
 
 # RFC 9110 §7.6.1 connection-specific fields, plus those httpx or hypercorn set itself.
@@ -101,6 +110,7 @@ class Route:
     """How a proxied route names its model: in the body/query, or in the path."""
 
     model_in: ModelIn | None  # None: /upstream/{model}/{path}
+    wrong_method: bool = False
 
     @property
     def streams_request(self) -> bool:
@@ -117,6 +127,7 @@ class _Body:
         self._send, self._chunks = trio.open_memory_channel[bytes](1)
         self._received = 0
         self.disconnected = False
+        self.complete = False  # the whole body has arrived
 
     async def pump(self, request_scope: trio.CancelScope) -> None:
         async with self._send:
@@ -130,6 +141,7 @@ class _Body:
                     if chunk := message.get("body", b""):
                         await self._send.send(chunk)
                     if not message.get("more_body", False):
+                        self.complete = True
                         break
         while (await self._receive())["type"] != "http.disconnect":
             pass
@@ -154,6 +166,8 @@ class _Reply:
     def __init__(self, send: ASGISendCallable, exchange: Exchange) -> None:
         self._send = send
         self._exchange = exchange
+        self.event_stream = False  # the response is text/event-stream
+        self.finished = False  # the last byte has been sent
 
     @property
     def started(self) -> bool:
@@ -161,6 +175,9 @@ class _Reply:
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._exchange.status = status
+        self.event_stream = any(
+            k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+        )
         start: HTTPResponseStartEvent = {
             "type": "http.response.start",
             "status": status,
@@ -170,6 +187,7 @@ class _Reply:
         await self._send(start)
 
     async def body(self, chunk: bytes, *, more: bool = True) -> None:
+        self.finished = not more
         event: HTTPResponseBodyEvent = {
             "type": "http.response.body",
             "body": chunk,
@@ -177,9 +195,12 @@ class _Reply:
         }
         await self._send(event)
 
-    async def error(self, error: RequestError) -> None:
+    async def error(self, error: RequestError, *, close: bool = False) -> None:
         status, headers, body = error_response(error)
-        await self.start(status, [(k.encode(), v.encode()) for k, v in headers])
+        raw = [(k.encode(), v.encode()) for k, v in headers]
+        if close:
+            raw.append((b"connection", b"close"))
+        await self.start(status, raw)
         await self.body(body, more=False)
 
 
@@ -206,7 +227,9 @@ class Forwarder:
         if scope["path"].startswith(UPSTREAM_PREFIX):
             return Route(None)
         model_in = _INFERENCE.get((scope["method"], scope["path"]))
-        return None if model_in is None else Route(model_in)
+        if model_in is not None:
+            return Route(model_in)
+        return Route(None, wrong_method=True) if scope["path"] in _METHODS else None
 
     async def __call__(
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -221,16 +244,27 @@ class Forwarder:
                     await self._handle(route, scope, body, reply, exchange)
                 except RequestError as exc:
                     exchange.error = str(exc)
-                    if reply.started:
-                        # The status line is gone; breaking the connection is all that's left.
-                        logger.warning("%s %s: %s", scope["method"], scope["path"], exc)
-                        raise
-                    await reply.error(exc)
+                    logger.info("%s %s: %s", scope["method"], scope["path"], exc)
+                    await self._report(reply, exc, close=not body.complete)
                 nursery.cancel_scope.cancel()
         finally:
-            if body.disconnected and exchange.error is None:
+            if body.disconnected and not reply.finished and exchange.error is None:
                 exchange.error = "client disconnected"
             self._recorder.finish(exchange)
+
+    async def _report(self, reply: _Reply, error: RequestError, *, close: bool) -> None:
+        """Answer ``error`` however much of the response has already gone out."""
+        if not reply.started:
+            # A body we did not read to its end would be misread as the next request on
+            # this connection: close it instead.
+            await reply.error(error, close=close)
+        elif reply.event_stream:
+            # The status line said 200 (a loading-state stream, or a stream that broke
+            # off): say what went wrong as an event, then end the stream properly.
+            await reply.body(b"data: " + error_response(error)[2] + b"\n\n", more=False)
+        else:
+            # Nothing left to say it with: break the connection so the client knows.
+            raise error
 
     async def _handle(
         self, route: Route, scope: HTTPScope, body: _Body, reply: _Reply, exchange: Exchange
@@ -238,6 +272,8 @@ class Forwarder:
         headers = _header_map(scope)
         if not authorized(self._config.api_keys, headers):
             raise Unauthorized()
+        if route.wrong_method:
+            raise MethodNotAllowed(scope["method"], scope["path"], _METHODS[scope["path"]])
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._config.max_body_bytes:
             raise BodyTooLarge(self._config.max_body_bytes)
@@ -288,13 +324,12 @@ class Forwarder:
                 partial(reply.start, 200, list(SSE_HEADERS)),
                 reply.body,
             )
-        async with self._router.acquire(
+        exchange.ticket = self._router.ticket(
             target.model_id,
             priority=exchange.priority,
             needs_slot=scope["method"] not in ("GET", "HEAD"),
-            while_waiting=while_waiting,
-        ) as ticket:
-            exchange.ticket = ticket
+        )
+        async with self._router.acquire(exchange.ticket, while_waiting=while_waiting):
             await self._forward(exchange, scope, upstream, body, reply)
 
     def _upstream_target(self, name: str, rest: str) -> tuple[Local | Peer, str]:
@@ -316,6 +351,9 @@ class Forwarder:
             scope, strip_auth=bool(self._config.api_keys or upstream.extra_headers)
         )
         headers.extend(upstream.extra_headers)
+        if not any(k == b"accept-encoding" for k, _ in headers):
+            # httpx would ask for gzip on its own; the client did not.
+            headers.append((b"accept-encoding", b"identity"))
         if upstream.payload is not None:
             headers = [(k, v) for k, v in headers if k != b"content-length"]
         query = upstream.query
@@ -330,17 +368,21 @@ class Forwarder:
         except httpx.HTTPError as exc:
             raise UpstreamError(exchange.model, _describe(exc)) from exc
         try:
-            tap = exchange.tap = UsageTap(response.headers.get("content-type", ""))
+            if "content-encoding" not in response.headers:
+                exchange.tap = UsageTap(response.headers.get("content-type", ""))
             if not reply.started:
                 await reply.start(response.status_code, _downstream_headers(response))
             elif response.status_code != 200:
                 # The loading-state stream already said 200: pass the error on as an event.
-                error = (await response.aread()).decode("utf-8", errors="replace")
                 exchange.error = f"upstream answered {response.status_code}"
-                await reply.body(event(exchange.model, error=error), more=False)
+                await reply.body(
+                    b"data: " + (await response.aread()).strip() + b"\n\n", more=False
+                )
                 return
+            tap = exchange.tap
             async for data in response.aiter_raw():
-                tap.feed(data)
+                if tap is not None:
+                    tap.feed(data)
                 await reply.body(data)
             await reply.body(b"", more=False)
         except httpx.HTTPError as exc:
@@ -392,8 +434,12 @@ def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes
     return headers
 
 
+#: Response fields hypercorn sets itself.
+_OURS = _HOP_BY_HOP | {b"date", b"server"}
+
+
 def _downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    headers = [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
+    headers = [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _OURS]
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         headers.append((b"x-accel-buffering", b"no"))
     return headers

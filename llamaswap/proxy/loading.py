@@ -30,10 +30,8 @@ SSE_HEADERS = [
 ]
 
 
-def event(model: str, *, reasoning: str | None = None, error: object = None) -> bytes:
-    """One SSE event: a chat.completion.chunk with ``reasoning_content``, or an error."""
-    if error is not None:
-        return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+def event(model: str, reasoning: str) -> bytes:
+    """One SSE event: a chat.completion.chunk with ``reasoning_content``."""
     document = {
         "id": "llamaswap-loading",
         "object": "chat.completion.chunk",
@@ -72,5 +70,5 @@ async def report_progress(
     """Start the event stream, then send progress until cancelled (the wait is over)."""
     await start()
     while True:
-        await send(event(model, reasoning=progress(router, ticket)))
+        await send(event(model, progress(router, ticket)))
         await trio.sleep(INTERVAL)

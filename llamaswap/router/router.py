@@ -28,7 +28,7 @@ from llamaswap.errors import ModelUnloaded, RequestError, ShuttingDown
 from llamaswap.process import ModelState, ModelSupervisor, Probe, Spawner, StateListener
 from llamaswap.schedulers import Scheduler, Swap, Ticket, Waiter, make_scheduler
 
-from .swappers.group import GroupSwapper
+from .swappers import make_swapper
 
 __all__ = ["Router"]
 
@@ -68,8 +68,7 @@ class Router:
             )
             for model_id, model in config.models.items()
         }
-        swapper = GroupSwapper(config.routing.router.settings.groups)
-        self.scheduler: Scheduler = make_scheduler(config, self, swapper)
+        self.scheduler: Scheduler = make_scheduler(config, self, make_swapper(config))
         self._seq = itertools.count()
         self._swap_scopes: dict[Swap, trio.CancelScope] = {}
         self._swap_nursery: trio.Nursery | None = None
@@ -95,16 +94,25 @@ class Router:
 
     # --------------------------------------------------------------- requests
 
+    def ticket(self, model: str, *, priority: int = 0, needs_slot: bool = True) -> Ticket:
+        """A new request for ``model`` (an ID), to pass to ``acquire``."""
+        return Ticket(
+            model,
+            priority=priority,
+            seq=next(self._seq),
+            arrival=trio.current_time(),
+            needs_slot=needs_slot,
+            effective_priority=priority,
+        )
+
     @asynccontextmanager
     async def acquire(
         self,
-        model: str,
+        ticket: Ticket,
         *,
-        priority: int = 0,
-        needs_slot: bool = True,
         while_waiting: Callable[[Ticket], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Ticket]:
-        """Wait until ``model`` may serve this request; hold it while the block runs.
+        """Wait until the ticket's model may serve it; hold it while the block runs.
 
         ``while_waiting(ticket)``, if given, runs while the request waits (it is cancelled
         when the wait ends); it does not run for a request granted at once.
@@ -116,24 +124,17 @@ class Router:
         *Cancellation*: cancelled while waiting, the request leaves the queue at once (and a
         load it alone waited for is cancelled); once granted, leaving the block releases it.
         """
-        ticket = Ticket(
-            model,
-            priority=priority,
-            seq=next(self._seq),
-            arrival=trio.current_time(),
-            needs_slot=needs_slot,
-        )
         ticket.waiter = Waiter(partial(self.scheduler.on_cancel, ticket))
         self.scheduler.on_request(ticket)
         if ticket.waiter.woken:
             await ticket.waiter.wait()
         else:
-            logger.debug("request #%d for %r: %s", ticket.seq, model, ticket.state.value)
+            logger.debug("request #%d for %r: %s", ticket.seq, ticket.model, ticket.state.value)
             await self._wait(ticket, while_waiting)
         try:
             yield ticket
         finally:
-            self.supervisors[model].end_request()
+            self.supervisors[ticket.model].end_request()
             self.scheduler.on_serve_done(ticket)
             self._serving -= 1
             if not self._serving:
@@ -159,7 +160,7 @@ class Router:
 
     async def load(self, model: str, *, priority: int = 0) -> None:
         """Make ``model`` ready, queued like a request (``POST /api/models/load``)."""
-        async with self.acquire(model, priority=priority):
+        async with self.acquire(self.ticket(model, priority=priority)):
             pass
 
     async def unload(self, models: Collection[str] | None = None) -> None:

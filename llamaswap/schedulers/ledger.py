@@ -105,11 +105,19 @@ class Ledger:
 
     # ----------------------------------------------------------------- swaps
 
-    def plan(self, target: str) -> Plan:
+    def running(self) -> set[str]:
+        """Models whose process is not stopped, plus the targets of swaps in progress."""
         running = set(self.effects.running_models())
-        running.update(model for model in self.swaps if model != target)
-        running.discard(target)
-        evict = self.swapper.eviction_for(target, running)
+        running.update(self.swaps)
+        return running
+
+    def evictions(self, target: str, running: set[str] | None = None) -> frozenset[str]:
+        """What the swapper would stop for ``target`` to run now."""
+        others = (self.running() if running is None else running) - {target}
+        return self.swapper.eviction_for(target, others)
+
+    def plan(self, target: str) -> Plan:
+        evict = self.evictions(target)
         return Plan(
             ready=self.effects.model_state(target) is ModelState.READY,
             evict=evict,

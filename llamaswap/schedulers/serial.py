@@ -50,6 +50,7 @@ every completion. *Strict priority with no aging* starves batch work under stead
 from __future__ import annotations
 
 import collections
+import sys
 from collections.abc import Collection, Iterator
 from typing import final
 
@@ -134,11 +135,19 @@ class SerialScheduler:
     def _bonus_units(self) -> int:
         return self._bonus * (self._divisor_ns or 1)
 
-    def affinity(self, model: str) -> bool:
-        """Whether requests for ``model`` get the affinity bonus now."""
+    def affinity(self, model: str, running: set[str] | None = None) -> bool:
+        """Whether requests for ``model`` get the affinity bonus now: it is ready and
+        running it needs no eviction. ``running`` saves recomputing the running set."""
         if not self._bonus or self._effects.model_state(model) is not ModelState.READY:
             return False
-        return not self._ledger.plan(model).evict
+        return not self._ledger.evictions(model, running)
+
+    def _affinities(self) -> dict[str, bool]:
+        """Affinity of every model that has requests waiting, computed once per pick."""
+        running = self._ledger.running() if self._bonus else set()
+        return {
+            model: self.affinity(model, running) for model, lane in self._lanes.items() if lane
+        }
 
     def score(self, ticket: Ticket, *, affinity: bool) -> float:
         """The score as the docs write it, in points (for logs and the activity log)."""
@@ -148,15 +157,15 @@ class SerialScheduler:
         bonus = self._bonus if affinity else 0
         try:
             return float(ticket.priority + bonus) + aging
-        except OverflowError:  # a priority beyond a float's range
-            return float("inf") if ticket.priority > 0 else float("-inf")
+        except OverflowError:  # beyond a float's range: the largest finite one (valid JSON)
+            return sys.float_info.max if ticket.priority > 0 else -sys.float_info.max
 
     # ----------------------------------------------------------------- events
 
     def on_request(self, ticket: Ticket) -> None:
         self._ledger.admit(ticket)
         ticket.effective_priority = ticket.priority
-        if not ticket.needs_slot and self._ledger.plan(ticket.model).immediate:
+        if not ticket.needs_slot and self._may_skip_slot(ticket.model):
             self._ledger.grant(ticket)  # a page like GET /props: no slot needed
             return
         lane = self._lanes[ticket.model]
@@ -207,8 +216,20 @@ class SerialScheduler:
         self._holder = None
         self._fill_slot()
 
+    def _may_skip_slot(self, model: str) -> bool:
+        """A page may skip the slot if its model is ready, unless the slot holder waits for
+        that model to drain (pages arriving one after another would hold off its swap)."""
+        holder = self._holder
+        if (
+            holder is not None
+            and holder.state is TicketState.QUEUED
+            and model in self._ledger.evictions(holder.model)
+        ):
+            return False
+        return self._ledger.plan(model).immediate
+
     def on_model_state(self, model: str, state: ModelState) -> None:
-        if state is ModelState.READY and self._ledger.plan(model).immediate:
+        if state is ModelState.READY and self._may_skip_slot(model):
             lane = self._lanes.get(model)
             for ticket in [] if lane is None else lane.by_score.ordered():
                 if not ticket.needs_slot:
@@ -246,7 +267,7 @@ class SerialScheduler:
         lane = self._lanes.get(ticket.model)
         if lane is None or ticket not in lane.by_score:
             return None
-        affinity = {model: self.affinity(model) for model, queued in self._lanes.items() if queued}
+        affinity = self._affinities()
         rank = self._rank(ticket, affinity[ticket.model])
         ahead = [t for t in self._queued() if self._rank(t, affinity[t.model]) > rank]
         return 1 + len(ahead)
@@ -274,27 +295,27 @@ class SerialScheduler:
 
     def choose(self) -> Ticket | None:
         """The request the next pick takes (without taking it); counts nothing."""
-        return self._choose()[0]
+        return self._choose(self._affinities())[0]
 
-    def _choose(self) -> tuple[Ticket | None, Ticket | None, Ticket | None]:
+    def _choose(
+        self, affinity: dict[str, bool]
+    ) -> tuple[Ticket | None, Ticket | None, Ticket | None]:
         """The pick, the pick without aging, and the pick without affinity."""
         best = no_aging = no_affinity = None
         best_rank = no_aging_rank = no_affinity_rank = (0, 0)
-        for model, lane in self._lanes.items():
-            if not lane:
-                continue
+        for model, bonus in affinity.items():
+            lane = self._lanes[model]
             head = lane.by_score.peek()
+            eldest = lane.by_priority.peek()
             assert head is not None
-            affinity = self.affinity(model)
-            rank = self._rank(head, affinity)
+            assert eldest is not None
+            rank = self._rank(head, bonus)
             if best is None or rank > best_rank:
                 best, best_rank = head, rank
             plain = self._rank(head, False)
             if no_affinity is None or plain > no_affinity_rank:
                 no_affinity, no_affinity_rank = head, plain
-            eldest = lane.by_priority.peek()
-            assert eldest is not None
-            unaged = (eldest.priority + (self._bonus if affinity else 0), -eldest.seq)
+            unaged = (eldest.priority + (self._bonus if bonus else 0), -eldest.seq)
             if no_aging is None or unaged > no_aging_rank:
                 no_aging, no_aging_rank = eldest, unaged
         return best, no_aging, no_affinity
@@ -302,14 +323,14 @@ class SerialScheduler:
     def _fill_slot(self) -> None:
         while self._holder is None and self._waiting:
             candidates = self._waiting
-            ticket, no_aging, no_affinity = self._choose()
+            affinity = self._affinities()
+            ticket, no_aging, no_affinity = self._choose(affinity)
             assert ticket is not None
             if candidates >= 2:
                 self.aging_changed_picks += no_aging is not ticket
                 self.affinity_changed_picks += no_affinity is not ticket
-            affinity = self.affinity(ticket.model)
-            ticket.score = self.score(ticket, affinity=affinity)
-            ticket.metadata["affinity"] = affinity
+            ticket.score = self.score(ticket, affinity=affinity[ticket.model])
+            ticket.metadata["affinity"] = affinity[ticket.model]
             self._unqueue(ticket)
             self._holder = ticket
             self._dispatch(ticket)

@@ -128,7 +128,7 @@ async def test_garbage_priority_header_is_priority_zero(proxy_factory: StartProx
             )
             assert response.status_code == 200
             (record,) = (await client.get("/api/activity")).json()["activity"]
-    assert (record["priority"], record["band"]) == (0, "normal")
+    assert (record["priority"], record["band"], record["error"]) == (0, "normal", None)
     assert record["metadata"]["requested_model"] == "a"
 
 
@@ -184,3 +184,30 @@ async def test_loading_state_streams_progress_then_the_answer(proxy_factory: Sta
     )
     assert content
     assert response.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_loading_state_ends_with_an_error_event_when_the_load_fails(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(
+        config(
+            '[models.broken]\ncmd = "${fake} --load-seconds 1.5 --fail-start"\n'
+            "sendLoadingState = true"
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            body = chat("broken", stream=True)
+            response = await client.post("/v1/chat/completions", json=body)
+            (record,) = (await client.get("/api/activity")).json()["activity"]
+    assert response.status_code == 200  # the stream had started before the load failed
+    events = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+    assert events[0]["choices"][0]["delta"]["reasoning_content"].startswith("llamaswap: loading")
+    error = events[-1]["error"]
+    assert error["code"] == "model_start_failed"
+    assert "failed to load model file" in error["message"]
+    assert record["scheduler"] == "fifo"
+    assert record["queue_wait_ms"] is not None
+    assert "failed to start" in record["error"]

@@ -52,6 +52,8 @@ async def test_swap_keeps_one_model_alive_in_the_default_group(
             assert first.status_code == 200
             assert first.json()["model"] == "alpha"
             assert first.json()["usage"]["completion_tokens"] > 0
+            assert len(first.headers.get_list("server")) == 1
+            assert len(first.headers.get_list("date")) == 1
             alpha_pid = (await running(client))["alpha"]["pid"]
             assert isinstance(alpha_pid, int)
             assert alive(alpha_pid)
@@ -91,6 +93,12 @@ async def test_unknown_model_and_bad_bodies(proxy_factory: StartProxy) -> None:
         no_model = await client.post("/v1/chat/completions", json={"messages": []})
         assert no_model.status_code == 400
         assert no_model.json()["error"]["param"] == "model"
+        nowhere = await client.get("/v2/nothing")
+        assert nowhere.status_code == 404
+        assert nowhere.json()["error"]["code"] == "not_found"
+        wrong_method = await client.get("/v1/chat/completions")
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["error"]["code"] == "method_not_allowed"
     assert "loading model" not in proxy.output.text()
 
 
@@ -104,6 +112,10 @@ async def test_failed_start_answers_502_with_the_output_tail(proxy_factory: Star
     assert error["code"] == "model_start_failed"
     assert "exited with status 1 while starting" in error["message"]
     assert "failed to load model file" in error["message"]
+    async with proxy.client() as client:
+        (record,) = (await client.get("/api/activity")).json()["activity"]
+    assert (record["status"], record["scheduler"], record["model"]) == (502, "fifo", "broken")
+    assert record["queue_wait_ms"] is not None
 
 
 async def test_disconnect_while_queued_never_starts_the_model(
@@ -135,10 +147,17 @@ async def test_disconnect_while_queued_never_starts_the_model(
     assert "loading model 'alpha'" not in proxy.output.text()
 
 
+@pytest.mark.parametrize("scheduler", ["fifo", "serial"])
 async def test_abandoned_load_kills_the_starting_process(
-    proxy_factory: StartProxy, nursery: trio.Nursery
+    proxy_factory: StartProxy, nursery: trio.Nursery, scheduler: str
 ) -> None:
-    proxy = await proxy_factory(config('[models.slow]\ncmd = "${fake} --load-seconds 60"'))
+    proxy = await proxy_factory(
+        config(
+            '[models.slow]\ncmd = "${fake} --load-seconds 60"\n'
+            '[models.fast]\ncmd = "${fake}"\n'
+            f'[routing.scheduler]\nuse = "{scheduler}"'
+        )
+    )
     async with proxy.client() as client:
         with trio.fail_after(30):
             with trio.CancelScope() as request:
@@ -150,9 +169,13 @@ async def test_abandoned_load_kills_the_starting_process(
                 nursery.start_soon(leave_once_started)
                 await client.post("/v1/chat/completions", json=chat("slow"))
             match = await proxy.output.wait_for(r"model 'slow': started pid (\d+)")
+            # The slot (serial) and the reservation (fifo) free at once: another model
+            # loads while 'slow' is still being stopped.
+            fast = await client.post("/v1/chat/completions", json=chat("fast"))
+            assert fast.status_code == 200
             await proxy.output.wait_for(r"model 'slow': stopped")
             assert not alive(int(match[1]))
-            assert await running(client) == {}
+            assert set(await running(client)) == {"fast"}
 
 
 async def test_unload_stops_models_and_fails_waiters(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
@@ -19,9 +20,14 @@ from llamaswap.config.model import (
 from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, ShuttingDown
 from llamaswap.process import ModelState
 from llamaswap.router import Router
+from llamaswap.schedulers import Ticket
 from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
 
 S = ModelState
+
+
+def lease(router: Router, model: str, *, priority: int = 0) -> AbstractAsyncContextManager[Ticket]:
+    return router.acquire(router.ticket(model, priority=priority))
 
 
 def model(port: int, **settings: object) -> ModelConfig:
@@ -55,9 +61,9 @@ async def test_swap_between_models_runs_one_at_a_time(
     recorder: StateRecorder,
 ) -> None:
     router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
-    async with router.acquire("a"):
+    async with lease(router, "a"):
         assert router.running_models() == {"a"}
-    async with router.acquire("b"):
+    async with lease(router, "b"):
         assert router.running_models() == {"b"}
     assert recorder.history == [
         ("a", S.STARTING),
@@ -76,9 +82,9 @@ async def test_cancel_while_queued_never_starts_the_model(
     recorder: StateRecorder,
 ) -> None:
     router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
-    async with router.acquire("a"):
+    async with lease(router, "a"):
         with trio.move_on_after(5.0):
-            async with router.acquire("b"):
+            async with lease(router, "b"):
                 pytest.fail("b must wait while a is serving")
         assert router.scheduler.statistics().waiting == 0
     await trio.testing.wait_all_tasks_blocked()
@@ -96,7 +102,7 @@ async def test_abandoned_load_kills_the_starting_process(
     router = await start_router(nursery, spawner, recorder, a=model(1))
     t0 = trio.current_time()
     with trio.move_on_after(2.0):
-        async with router.acquire("a"):
+        async with lease(router, "a"):
             pytest.fail("a is not ready for 100 s")
     await recorder.wait_for(S.STOPPED, "a")
     assert trio.current_time() - t0 == 2.0
@@ -115,12 +121,12 @@ async def test_load_goes_on_while_another_request_wants_it(
     served = trio.Event()
 
     async def patient() -> None:
-        async with router.acquire("a"):
+        async with lease(router, "a"):
             served.set()
 
     nursery.start_soon(patient)
     with trio.move_on_after(2.0):
-        async with router.acquire("a"):
+        async with lease(router, "a"):
             pytest.fail("a is not ready for 10 s")
     await served.wait()
     assert spawner.last.signals == []
@@ -139,7 +145,7 @@ async def test_failed_start_fails_every_waiter(
 
     async def request() -> None:
         try:
-            async with router.acquire("a"):
+            async with lease(router, "a"):
                 pass
         except ModelStartFailed as exc:
             errors.append(str(exc))
@@ -164,7 +170,7 @@ async def test_unload_fails_waiters_with_unloaded(
 
     async def request() -> None:
         try:
-            async with router.acquire("a"):
+            async with lease(router, "a"):
                 pass
         except ModelUnloaded as exc:
             errors.append(exc)
@@ -185,10 +191,10 @@ async def test_concurrency_limit_is_decided_before_waiting(
     recorder: StateRecorder,
 ) -> None:
     router = await start_router(nursery, spawner, recorder, a=model(1, concurrency_limit=1))
-    async with router.acquire("a"):
+    async with lease(router, "a"):
         t = trio.current_time()
         with pytest.raises(ConcurrencyLimit):
-            async with router.acquire("a"):
+            async with lease(router, "a"):
                 pass
         assert trio.current_time() == t
 
@@ -204,14 +210,14 @@ async def test_shutdown_fails_waiters_lets_serving_finish_and_stops_models(
     served_until: list[float] = []
 
     async def serving() -> None:
-        async with router.acquire("a"):
+        async with lease(router, "a"):
             served_until.append(trio.current_time() + 3.0)
             await trio.sleep(3.0)
             outcomes.append("served")
 
     async def waiting() -> None:
         try:
-            async with router.acquire("b"):
+            async with lease(router, "b"):
                 pass
         except ShuttingDown:
             outcomes.append("503")
@@ -225,7 +231,7 @@ async def test_shutdown_fails_waiters_lets_serving_finish_and_stops_models(
     assert trio.current_time() == served_until[0]  # waited for it, not for the grace
     assert router.running_models() == set()
     with pytest.raises(ShuttingDown):
-        async with router.acquire("a"):
+        async with lease(router, "a"):
             pass
 
 
@@ -239,11 +245,11 @@ async def test_request_during_ttl_stop_waits_and_restarts(
     router = await start_router(
         nursery, spawner, recorder, a=model(1, ttl=5.0, unload_timeout=2.0)
     )
-    async with router.acquire("a"):
+    async with lease(router, "a"):
         pass
     await recorder.wait_for(S.STOPPING, "a")
     t0 = trio.current_time()
-    async with router.acquire("a"):
+    async with lease(router, "a"):
         assert router.model_state("a") is S.READY
     assert trio.current_time() - t0 == 2.0
     assert len(spawner.processes) == 2
@@ -275,12 +281,12 @@ async def test_serial_aging_overtakes_at_an_exact_time(
     both = trio.Event()
 
     async def request(name: str, priority: int) -> None:
-        async with router.acquire(name, priority=priority):
+        async with lease(router, name, priority=priority):
             served.append((name, trio.current_time()))
             if len(served) == 2:
                 both.set()
 
-    async with router.acquire("a"):
+    async with lease(router, "a"):
         t0 = trio.current_time()
         nursery.start_soon(request, "b", -100)
         await trio.sleep(late)

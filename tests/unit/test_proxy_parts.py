@@ -12,6 +12,7 @@ from llamaswap.config.model import FilterConfig
 from llamaswap.errors import (
     BadRequest,
     ConcurrencyLimit,
+    MethodNotAllowed,
     ModelNotFound,
     ModelStartFailed,
     ModelUnloaded,
@@ -132,6 +133,7 @@ def test_names_resolve_ids_aliases_and_peers() -> None:
         (BadRequest("no model", param="model"), 400, "invalid_request"),
         (Unauthorized(), 401, "invalid_api_key"),
         (ModelNotFound("x"), 404, "model_not_found"),
+        (MethodNotAllowed("GET", "/v1/x", "POST"), 405, "method_not_allowed"),
         (ConcurrencyLimit("x", 2), 429, "concurrency_limit"),
         (ModelStartFailed("x", "exited", log_tail=["boom"]), 502, "model_start_failed"),
         (UpstreamError("x", "refused"), 502, "upstream_error"),
@@ -151,3 +153,5 @@ def test_error_table(error: RequestError, status: int, code: str) -> None:
         assert ("retry-after", "1") in headers
     if status == 401:
         assert ("www-authenticate", 'Basic realm="llamaswap"') in headers
+    if status == 405:
+        assert ("allow", "POST") in headers

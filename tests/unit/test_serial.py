@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from llamaswap.config.model import GroupConfig
@@ -334,3 +336,28 @@ def test_statistics_by_band() -> None:
     assert stats.bands["batch"].depth == 1  # -150 rounds (halves up) to -100
     assert stats.bands["normal"].dispatched == 1
     assert stats.waiting == 2
+
+
+def test_pages_do_not_hold_off_a_swap_waiting_for_their_model() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    fx.states["a"] = READY
+    first_page = Ticket("a", seq=1, needs_slot=False)
+    s.on_request(first_page)
+    wants_b = ticket("b", 2)
+    s.on_request(wants_b)  # holds the slot, waiting for 'a' to drain
+    later_page = Ticket("a", seq=3, needs_slot=False)
+    s.on_request(later_page)
+    assert later_page.state is TicketState.QUEUED  # not let through: 'a' must drain
+    s.on_serve_done(first_page)
+    assert fx.last_swap().waiters == [wants_b]
+
+
+def test_scores_of_huge_priorities_stay_finite() -> None:
+    fx = FakeEffects()
+    s = make(fx)
+    huge = ticket("a", 1, priority=10**400)
+    s.on_request(huge)
+    assert huge.score == sys.float_info.max
+    tiny = ticket("b", 2, priority=-(10**400))
+    assert s.score(tiny, affinity=False) == -sys.float_info.max

@@ -1,0 +1,389 @@
+"""The fake model server as the proxy sees it: a real process, real HTTP, the real clock.
+
+Every test starts ``python -m llamaswap.fake_server --port 0`` and learns the port from its
+first stdout line. Synchronisation is by the server's own output lines and by polling, never by
+sleeping; every test is bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, final
+
+import httpx
+import openai
+import pytest
+import trio
+from openai.types.chat import ChatCompletionChunk
+
+REPO = Path(__file__).resolve().parents[2]
+LISTENING = re.compile(
+    r"fake_server: listening on http://127\.0\.0\.1:(?P<port>\d+) model=(?P<model>\S+) "
+    r"pid=(?P<pid>\d+)"
+)
+CHAT = "/v1/chat/completions"
+
+
+@final
+class FakeProcess:
+    """A running fake server: its process, its port and a reader for its stdout lines."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.port = 0  # known once the first line is read
+        self._stdout = bytearray()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def readline(self) -> str:
+        """The next stdout line without its newline; "" once stdout is closed."""
+        assert self.process.stdout is not None
+        while b"\n" not in self._stdout:
+            data = await self.process.stdout.receive_some(65536)
+            if not data:
+                last = self._stdout.decode()
+                self._stdout.clear()
+                return last
+            self._stdout += data
+        line, _, rest = self._stdout.partition(b"\n")
+        self._stdout[:] = rest
+        return line.decode()
+
+    async def expect_line(self, prefix: str) -> str:
+        """Skip stdout lines until one starts with ``prefix``; fail at end of output."""
+        while True:
+            line = await self.readline()
+            if not line:
+                pytest.fail(f"fake server output ended before a line starting with {prefix!r}")
+            if line.startswith(prefix):
+                return line
+
+    async def stderr(self) -> str:
+        """Everything the process writes to stderr, read until it closes stderr."""
+        assert self.process.stderr is not None
+        chunks = []
+        while data := await self.process.stderr.receive_some(65536):
+            chunks.append(data)
+        return b"".join(chunks).decode()
+
+
+@asynccontextmanager
+async def fake_server(*args: str) -> AsyncIterator[FakeProcess]:
+    """Start a fake server on a free port; always kill and reap it on the way out."""
+    pythonpath = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+    command = [sys.executable, "-m", "llamaswap.fake_server", "--port", "0", *args]
+    process = await trio.lowlevel.open_process(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        fake = FakeProcess(process)
+        first = await fake.readline()
+        match = LISTENING.fullmatch(first)
+        assert match is not None, f"unexpected first line {first!r}"
+        assert int(match["pid"]) == process.pid
+        fake.port = int(match["port"])
+        yield fake
+    finally:
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    await pipe.aclose()
+
+
+async def wait_healthy(client: httpx.AsyncClient, url: str) -> None:
+    while True:
+        if (await client.get(f"{url}/health")).status_code == 200:
+            return
+        await trio.sleep(0.02)  # the poll interval, not a wait for something to happen
+
+
+async def collect_sse(client: httpx.AsyncClient, body: dict[str, Any], into: list[str]) -> None:
+    """Append each SSE payload of a streamed chat completion to ``into`` as it arrives."""
+    async with client.stream("POST", CHAT, json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                into.append(line[len("data: ") :])
+
+
+def chat_body(text: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "ignored", "messages": [{"role": "user", "content": text}], **extra}
+
+
+def sse_payloads(body: str) -> list[str]:
+    return [line[len("data: ") :] for line in body.splitlines() if line.startswith("data: ")]
+
+
+async def test_health_is_503_while_loading_then_200() -> None:
+    with trio.fail_after(15):
+        spawned = trio.current_time()
+        async with fake_server("--load-seconds", "1.0") as fake, httpx.AsyncClient() as client:
+            response = await client.get(f"{fake.url}/health")
+            assert response.status_code == 503
+            assert response.json() == {"status": "loading"}
+            assert (await client.get(f"{fake.url}/v1/models")).status_code == 503
+
+            await wait_healthy(client, fake.url)
+            assert trio.current_time() - spawned >= 1.0
+            response = await client.get(f"{fake.url}/health")
+            assert response.json() == {"status": "ok"}
+            assert response.headers["x-fake-model"] == "fake"
+
+            healthy = await fake.expect_line("fake_server: healthy at ")
+            assert re.fullmatch(r"fake_server: healthy at \d+\.\d{6}", healthy)
+            request = await fake.expect_line("fake_server: request ")
+            assert re.fullmatch(r"fake_server: request GET /health at \d+\.\d{6}", request)
+
+
+async def test_chat_completion_is_deterministic_with_usage() -> None:
+    with trio.fail_after(15):
+        async with (
+            fake_server("--model-name", "m1", "--max-tokens", "5") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            response = await client.post(CHAT, json=chat_body("one two three"))
+            assert response.status_code == 200
+            assert response.headers["x-fake-model"] == "m1"
+            body = response.json()
+            assert body["object"] == "chat.completion"
+            assert body["model"] == "m1"
+            choice = body["choices"][0]
+            assert choice["message"]["role"] == "assistant"
+            assert len(choice["message"]["content"].split()) == 5
+            assert choice["finish_reason"] == "stop"
+            usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+            assert body["usage"] == usage
+
+            again = (await client.post(CHAT, json=chat_body("one two three"))).json()
+            assert again["choices"] == body["choices"]
+            other = (await client.post(CHAT, json=chat_body("something else"))).json()
+            assert other["choices"][0]["message"]["content"] != choice["message"]["content"]
+
+            limited = (await client.post(CHAT, json=chat_body("hi", max_tokens=2))).json()
+            assert len(limited["choices"][0]["message"]["content"].split()) == 2
+            assert limited["choices"][0]["finish_reason"] == "length"
+            assert limited["usage"]["completion_tokens"] == 2
+
+
+async def test_chat_streaming_sends_one_token_per_chunk_and_usage() -> None:
+    request = chat_body("tell me", max_tokens=4)
+    with trio.fail_after(15):
+        async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            expected = (await client.post(CHAT, json=request)).json()
+            streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+            response = await client.post(CHAT, json=streamed)
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            no_usage = await client.post(CHAT, json={**request, "stream": True})
+
+    payloads = sse_payloads(response.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(payload) for payload in payloads[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    tokens, finish, usage = chunks[:4], chunks[4], chunks[5]
+    assert tokens[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = "".join(chunk["choices"][0]["delta"]["content"] for chunk in tokens)
+    assert content == expected["choices"][0]["message"]["content"]
+    assert finish["choices"][0]["finish_reason"] == "length"
+    assert usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    assert len(chunks) == 6
+    assert all("usage" not in chunk for chunk in chunks[:5])
+
+    plain = [json.loads(payload) for payload in sse_payloads(no_usage.text)[:-1]]
+    assert len(plain) == 5
+    assert all("usage" not in chunk for chunk in plain)
+
+
+async def test_streaming_arrives_incrementally_at_the_token_rate() -> None:
+    tokens, rate = 10, 20.0
+    expected = tokens / rate
+    arrivals: list[float] = []
+    with trio.fail_after(15):
+        async with (
+            fake_server("--tokens-per-second", str(rate)) as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            body = chat_body("pace me", max_tokens=tokens, stream=True)
+            async with client.stream("POST", CHAT, json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {") and '"content"' in line:
+                        arrivals.append(trio.current_time())
+    assert len(arrivals) == tokens
+    # Token i is due at (i + 1) / rate after the request: first at 0.05 s, last at 0.5 s.
+    assert arrivals[-1] - arrivals[0] >= 0.6 * (expected - 1 / rate)
+
+
+async def test_text_completions_streaming_and_not() -> None:
+    with trio.fail_after(15):
+        async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            request = {"prompt": "once upon a time", "max_tokens": 3}
+            plain = (await client.post("/v1/completions", json=request)).json()
+            streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+            response = await client.post("/v1/completions", json=streamed)
+
+    assert plain["object"] == "text_completion"
+    assert len(plain["choices"][0]["text"].split()) == 3
+    assert plain["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    payloads = sse_payloads(response.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(payload) for payload in payloads[:-1]]
+    assert all(chunk["object"] == "text_completion" for chunk in chunks)
+    text = "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"])
+    assert text == plain["choices"][0]["text"]
+    assert chunks[-1]["usage"] == plain["usage"]
+
+
+async def test_embeddings_are_deterministic() -> None:
+    with trio.fail_after(15):
+        async with (
+            fake_server("--embedding-size", "4") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            first = (await client.post("/v1/embeddings", json={"input": "hello world"})).json()
+            second = (await client.post("/v1/embeddings", json={"input": "hello world"})).json()
+            batch = (await client.post("/v1/embeddings", json={"input": ["a", "b c"]})).json()
+
+    assert first == second
+    assert first["object"] == "list"
+    assert first["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
+    vector = first["data"][0]["embedding"]
+    assert len(vector) == 4
+    assert all(isinstance(value, float) for value in vector)
+    assert [item["index"] for item in batch["data"]] == [0, 1]
+    assert batch["data"][0]["embedding"] != batch["data"][1]["embedding"]
+    assert batch["usage"]["prompt_tokens"] == 3
+
+
+async def test_models_props_not_found_and_bad_json() -> None:
+    with trio.fail_after(15):
+        async with (
+            fake_server("--model-name", "qwen") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            models = await client.get("/v1/models")
+            props = await client.get("/props")
+            missing = await client.get("/nope")
+            bad = await client.post(CHAT, content=b"{not json")
+            no_messages = await client.post(CHAT, json={"max_tokens": 1})
+
+    model = {"id": "qwen", "object": "model", "created": 0, "owned_by": "fake"}
+    assert models.json() == {"object": "list", "data": [model]}
+    assert props.json()["model"] == "qwen"
+    assert missing.status_code == 404
+    assert "error" in missing.json()
+    for response in (bad, no_messages):
+        assert response.status_code == 400
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_fail_start_exits_1_with_the_error_on_stderr() -> None:
+    with trio.fail_after(15):
+        async with fake_server("--fail-start", "--load-seconds", "0.2") as fake:
+            assert await fake.process.wait() == 1
+            assert "error: failed to load model file 'fake.gguf'" in await fake.stderr()
+
+
+async def test_crash_after_tokens_ends_the_stream_and_exits_3() -> None:
+    payloads: list[str] = []
+    with trio.fail_after(15):
+        async with (
+            fake_server("--crash-after-tokens", "3") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            body = chat_body("crash", max_tokens=10, stream=True)
+            with pytest.raises(httpx.RemoteProtocolError):  # the chunked body never ends
+                await collect_sse(client, body, payloads)
+            assert await fake.process.wait() == 3
+            assert "crashing after 3 tokens" in await fake.stderr()
+    assert len(payloads) == 3
+    assert all(json.loads(payload)["choices"][0]["delta"]["content"] for payload in payloads)
+
+
+async def test_sigterm_exits_0() -> None:
+    with trio.fail_after(15):
+        async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            await wait_healthy(client, fake.url)
+            fake.process.send_signal(signal.SIGTERM)
+            await fake.expect_line("fake_server: received SIGTERM")
+            assert await fake.process.wait() == 0
+
+
+async def test_ignore_sigterm_survives_sigterm_but_not_sigkill() -> None:
+    with trio.fail_after(15):
+        async with (
+            fake_server("--ignore-sigterm") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            await wait_healthy(client, fake.url)
+            fake.process.send_signal(signal.SIGTERM)
+            line = await fake.expect_line("fake_server: received SIGTERM")
+            assert "ignoring" in line
+            assert (await client.get("/health")).status_code == 200
+            assert fake.process.returncode is None
+            fake.process.kill()
+            assert await fake.process.wait() == -signal.SIGKILL
+
+
+async def test_client_disconnect_mid_stream_is_logged_and_stops_generation() -> None:
+    body = json.dumps(chat_body("long", max_tokens=1000, stream=True)).encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with trio.fail_after(15):
+        async with fake_server("--tokens-per-second", "50") as fake:
+            # A bare socket, so that "going away" is exactly closing it after three tokens.
+            async with await trio.open_tcp_stream("127.0.0.1", fake.port) as stream:
+                await stream.send_all(head.encode() + body)
+                received = b""
+                while received.count(b"data: {") < 3:
+                    data = await stream.receive_some(65536)
+                    assert data, "the server closed the stream early"
+                    received += data
+            line = await fake.expect_line("fake_server: client disconnected after ")
+            match = re.fullmatch(r"fake_server: client disconnected after (\d+) tokens", line)
+            assert match is not None
+            assert 3 <= int(match[1]) < 1000
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"{fake.url}/health")).status_code == 200
+
+
+async def test_openai_client_understands_the_responses() -> None:
+    usage = {"include_usage": True}
+    request = chat_body("hi there", max_tokens=3, stream=True, stream_options=usage)
+    with trio.fail_after(15):
+        async with fake_server("--model-name", "tiny") as fake:
+            async with openai.AsyncOpenAI(base_url=f"{fake.url}/v1", api_key="unused") as client:
+                completion = await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi there"}], max_tokens=3
+                )
+                embedding = await client.embeddings.create(model="tiny", input="x")
+            # The SDK's own stream reader stops at [DONE] without exhausting its async
+            # generators (a ResourceWarning under Trio), so the chunks go through its types.
+            async with httpx.AsyncClient(base_url=fake.url) as http:
+                streamed = await http.post(CHAT, json=request)
+
+    assert completion.model == "tiny"
+    assert completion.usage is not None
+    assert completion.usage.total_tokens == 5
+    payloads = sse_payloads(streamed.text)
+    chunks = [ChatCompletionChunk.model_validate_json(payload) for payload in payloads[:-1]]
+    content = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
+    assert content == completion.choices[0].message.content
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 3
+    assert len(embedding.data[0].embedding) == 8
