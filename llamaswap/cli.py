@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=logging.WARNING if level == "warn" else level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # --log-level debug is about llamaswap and its models, not every byte httpx moves.
+    for library in ("httpx", "httpcore", "hpack"):
+        logging.getLogger(library).setLevel(logging.WARNING)
     try:
         make_swapper(config)
     except NotImplementedError as exc:
