@@ -45,6 +45,7 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings.graceful_timeout = config.unload_timeout
     settings.keep_alive_timeout = 75.0
     settings.keep_alive_max_requests = 2**31  # never close a busy client's connection
+    settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
     settings.h11_max_incomplete_size = 64 * 1024
     return settings
 

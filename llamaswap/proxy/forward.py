@@ -88,6 +88,10 @@ _METHODS = {path: method for method, path in _INFERENCE}
 
 UPSTREAM_PREFIX = "/upstream/"
 
+#: Answers up to this size (by Content-Length) are relayed in one piece rather than chunk
+#: by chunk: one send fewer per request. Event streams never have a Content-Length.
+WHOLE_BODY_LIMIT = 256 * 1024
+
 # RFC 9110 §7.6.1 connection-specific fields, plus those httpx or hypercorn set itself.
 _HOP_BY_HOP = frozenset(
     {
@@ -380,6 +384,14 @@ class Forwarder:
                 )
                 return
             tap = exchange.tap
+            length = response.headers.get("content-length", "")
+            if length.isdigit() and int(length) <= WHOLE_BODY_LIMIT:
+                # A small answer goes out in one piece, together with the response's end.
+                data = b"".join([chunk async for chunk in response.aiter_raw()])
+                if tap is not None:
+                    tap.feed(data)
+                await reply.body(data, more=False)
+                return
             async for data in response.aiter_raw():
                 if tap is not None:
                     tap.feed(data)
