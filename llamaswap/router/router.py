@@ -26,7 +26,7 @@ import trio
 from llamaswap.config.model import Config
 from llamaswap.errors import ModelUnloaded, RequestError, ShuttingDown
 from llamaswap.process import ModelState, ModelSupervisor, Probe, Spawner, StateListener
-from llamaswap.schedulers import Scheduler, Swap, Ticket, Waiter, make_scheduler
+from llamaswap.schedulers import Scheduler, Swap, Ticket, TicketState, Waiter, make_scheduler
 
 from .swappers import make_swapper
 
@@ -126,19 +126,24 @@ class Router:
         """
         ticket.waiter = Waiter(partial(self.scheduler.on_cancel, ticket))
         self.scheduler.on_request(ticket)
-        if ticket.waiter.woken:
-            await ticket.waiter.wait()
-        else:
-            logger.debug("request #%d for %r: %s", ticket.seq, ticket.model, ticket.state.value)
-            await self._wait(ticket, while_waiting)
         try:
+            if ticket.waiter.woken:
+                await ticket.waiter.wait()
+            else:
+                logger.debug(
+                    "request #%d for %r: %s", ticket.seq, ticket.model, ticket.state.value
+                )
+                await self._wait(ticket, while_waiting)
             yield ticket
         finally:
-            self.supervisors[ticket.model].end_request()
-            self.scheduler.on_serve_done(ticket)
-            self._serving -= 1
-            if not self._serving:
-                self._drained.set()
+            # Granted means ours to release, even if a cancellation arrived between the
+            # grant and this block (e.g. while ``while_waiting`` was being cancelled).
+            if ticket.state is TicketState.SERVING:
+                self.supervisors[ticket.model].end_request()
+                self.scheduler.on_serve_done(ticket)
+                self._serving -= 1
+                if not self._serving:
+                    self._drained.set()
 
     async def _wait(
         self, ticket: Ticket, while_waiting: Callable[[Ticket], Awaitable[None]] | None

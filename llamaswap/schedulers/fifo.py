@@ -104,9 +104,7 @@ class FifoScheduler:
         self._drain()
 
     def on_shutdown(self, error: RequestError) -> None:
-        self._ledger.closed = error
-        for swap in list(self._ledger.swaps.values()):
-            self._ledger.abandon_swap(swap, error, "shutting down")
+        self._ledger.close(error)
         self._fail_queued(None, error)
 
     # ------------------------------------------------------------------ views

@@ -165,6 +165,12 @@ class Ledger:
         del self.swaps[swap.target]
         return True
 
+    def close(self, error: RequestError) -> None:
+        """Shutting down: refuse new requests with ``error``, abandon every swap."""
+        self.closed = error
+        for swap in list(self.swaps.values()):
+            self.abandon_swap(swap, error, "shutting down")
+
     def abandon_swap(self, swap: Swap, error: RequestError, reason: str) -> None:
         """Cancel ``swap`` and fail its waiters with ``error`` (unload, shutdown)."""
         del self.swaps[swap.target]

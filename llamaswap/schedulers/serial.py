@@ -238,8 +238,11 @@ class SerialScheduler:
 
     def on_unload(self, models: Collection[str]) -> None:
         holder = self._holder
-        waiting = holder is not None and holder.state is not TicketState.SERVING
-        if holder is not None and waiting and holder.model in models:
+        if (
+            holder is not None
+            and holder.state is not TicketState.SERVING
+            and holder.model in models
+        ):
             swap = self._ledger.swaps.get(holder.model)
             if swap is not None:
                 self._ledger.abandon_swap(swap, ModelUnloaded(holder.model), "unloaded")
@@ -251,9 +254,7 @@ class SerialScheduler:
         self._fill_slot()
 
     def on_shutdown(self, error: RequestError) -> None:
-        self._ledger.closed = error
-        for swap in list(self._ledger.swaps.values()):
-            self._ledger.abandon_swap(swap, error, "shutting down")
+        self._ledger.close(error)
         holder = self._holder
         if holder is not None and holder.state is TicketState.QUEUED:
             self._ledger.fail(holder, error)

@@ -295,3 +295,31 @@ async def test_serial_aging_overtakes_at_an_exact_time(
     await both.wait()
     assert [name for name, _ in served] == order
     assert served[0][1] == t0 + 250.0
+
+
+async def test_a_grant_is_released_even_if_cancelled_before_the_block_runs(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    # The load finishes (a grant) while the request is leaving ``while_waiting``, whose
+    # slow cleanup lets a cancellation of the request arrive after the grant: the grant
+    # must still be released.
+    spawner.script = Script(healthy_after=1.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+
+    async def slow_to_stop(ticket: Ticket) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(5.0)
+
+    with trio.move_on_after(3.0) as request:
+        async with router.acquire(router.ticket("a"), while_waiting=slow_to_stop):
+            pytest.fail("the block must not run: the request was cancelled")
+    assert request.cancelled_caught
+    assert router.scheduler.statistics().serving == 0
+    assert router.supervisors["a"].in_flight == 0
+    await router.shutdown(grace=0.0)  # returns at once: nothing is being served
