@@ -265,6 +265,7 @@ class ModelSupervisor:
             self._fail(run, failure)
             return
         self._ready_since = trio.current_time()
+        logger.info("model %r: ready", self.model_id)
         self._set_state(ModelState.READY)
         run.settled.set()
         self._arm_ttl()
