@@ -116,10 +116,6 @@ class Route:
     model_in: ModelIn | None  # None: /upstream/{model}/{path}
     wrong_method: bool = False
 
-    @property
-    def streams_request(self) -> bool:
-        return self.model_in is None
-
 
 @final
 class _Body:

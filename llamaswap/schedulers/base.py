@@ -20,7 +20,6 @@ import attrs
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
-from .priority import BANDS
 from .waitqueue import Waiter
 
 __all__ = [
@@ -138,10 +137,6 @@ class SchedulerStatistics:
     aging_changed_picks: int = 0
     affinity_changed_picks: int = 0
     slot_holder: str | None = None
-
-    @staticmethod
-    def empty_bands() -> dict[str, BandStatistics]:
-        return dict.fromkeys(BANDS, BandStatistics())
 
 
 class Scheduler(Protocol):

@@ -16,15 +16,21 @@ from tests.e2e.harness import REPO, free_port_base
 EXAMPLES = sorted((REPO / "examples").rglob("*.toml"))
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))
-def test_example_passes_check_config(path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "llamaswap", "check-config", str(path)],
+def llamaswap(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI and capture what it prints."""
+    return subprocess.run(
+        [sys.executable, "-m", "llamaswap", *args],
         capture_output=True,
         text=True,
         check=False,
         cwd=REPO,
+        timeout=60,
     )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))
+def test_example_passes_check_config(path: Path) -> None:
+    result = llamaswap("check-config", str(path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{path}: ok"
 
@@ -36,13 +42,7 @@ def test_check_config_reports_every_problem_and_exits_2(tmp_path: Path) -> None:
         "[models.chat]\ncmd = 'llama-server --port ${PORT}'\nttl = 'five minutes'\n"
         "[routing.scheduler]\nuse = 'seriel'\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "llamaswap", "check-config", str(bad)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
+    result = llamaswap("check-config", str(bad))
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     typo = "unknown key 'healthCheckTimout'; did you mean 'healthCheckTimeout'?"
@@ -85,13 +85,6 @@ def test_matrix_router_is_refused_until_it_exists(tmp_path: Path) -> None:
         "[models.a]\ncmd = 'server --port ${PORT}'\n[routing.router]\nuse = 'matrix'\n"
         "[routing.router.settings.matrix]\nvars = {a = 'a'}\nsets = {only = 'a'}\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "llamaswap", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=60,
-    )
+    result = llamaswap("--config", str(path))
     assert result.returncode == 2
     assert "routing.router.use = 'matrix' is not implemented yet" in result.stderr
