@@ -17,7 +17,13 @@ from llamaswap.config.model import (
     SchedulerSettings,
     SerialSettings,
 )
-from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, ShuttingDown
+from llamaswap.errors import (
+    ConcurrencyLimit,
+    ModelStartFailed,
+    ModelUnloaded,
+    RequestError,
+    ShuttingDown,
+)
 from llamaswap.process import ModelState
 from llamaswap.router import Router
 from llamaswap.schedulers import Ticket
@@ -28,6 +34,15 @@ S = ModelState
 
 def lease(router: Router, model: str, *, priority: int = 0) -> AbstractAsyncContextManager[Ticket]:
     return router.acquire(router.ticket(model, priority=priority))
+
+
+async def record_failure(router: Router, model: str, failures: list[RequestError]) -> None:
+    """Make a request; append the error it ends with (it must not be granted)."""
+    try:
+        async with lease(router, model):
+            pytest.fail(f"{model!r} was not expected to serve")
+    except RequestError as exc:
+        failures.append(exc)
 
 
 def model(port: int, **settings: object) -> ModelConfig:
@@ -141,20 +156,12 @@ async def test_failed_start_fails_every_waiter(
 ) -> None:
     spawner.script = Script(healthy_after=None, exit_after=1.0, output=["bad gguf"])
     router = await start_router(nursery, spawner, recorder, a=model(1))
-    errors: list[str] = []
-
-    async def request() -> None:
-        try:
-            async with lease(router, "a"):
-                pass
-        except ModelStartFailed as exc:
-            errors.append(str(exc))
-
+    errors: list[RequestError] = []
     async with trio.open_nursery() as requests:
         for _ in range(3):
-            requests.start_soon(request)
+            requests.start_soon(record_failure, router, "a", errors)
     assert len(errors) == 3
-    assert all("bad gguf" in e for e in errors)
+    assert all(isinstance(e, ModelStartFailed) and "bad gguf" in str(e) for e in errors)
     assert len(spawner.processes) == 1
 
 
@@ -166,21 +173,14 @@ async def test_unload_fails_waiters_with_unloaded(
 ) -> None:
     spawner.script = Script(healthy_after=100.0)
     router = await start_router(nursery, spawner, recorder, a=model(1))
-    errors: list[BaseException] = []
-
-    async def request() -> None:
-        try:
-            async with lease(router, "a"):
-                pass
-        except ModelUnloaded as exc:
-            errors.append(exc)
-
-    nursery.start_soon(request)
+    errors: list[RequestError] = []
+    nursery.start_soon(record_failure, router, "a", errors)
     await trio.testing.wait_all_tasks_blocked()
     await router.unload()
     await trio.testing.wait_all_tasks_blocked()
     assert router.model_state("a") is S.STOPPED
     assert len(errors) == 1
+    assert isinstance(errors[0], ModelUnloaded)
     assert "unloaded" in str(errors[0])
 
 
