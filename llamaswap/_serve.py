@@ -25,15 +25,12 @@ import trio
 
 from llamaswap.config.model import Config
 from llamaswap.process import HttpProbe, SubprocessSpawner, open_lifeline
-from llamaswap.proxy import create_app
+from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
 
 __all__ = ["serve"]
 
 logger = logging.getLogger("llamaswap")
-
-#: No read, write or pool timeout upstream: a slow first token or a long pause is normal.
-UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=10.0)
 
 
 def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
@@ -60,14 +57,15 @@ async def serve(
 
     ``task_status.started`` receives the URL served, once requests are accepted.
     """
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with (
         open_lifeline() as lifeline,
-        httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=limits) as client,
+        # No read or write timeout: a slow first token or a long pause is normal.
+        UpstreamPool(connect_timeout=10.0) as pool,
+        httpx.AsyncClient() as probe_client,
         trio.open_nursery() as nursery,
     ):
-        router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(client))
-        app = create_app(config, router, client)
+        router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(probe_client))
+        app = create_app(config, router, pool)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from .app import Application as Application
 from .app import create_app as create_app
+from .upstream import UpstreamPool as UpstreamPool
 
-__all__ = ["Application", "create_app"]
+__all__ = ["Application", "UpstreamPool", "create_app"]

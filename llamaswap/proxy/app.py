@@ -11,7 +11,6 @@ import json
 import time
 from typing import Any, final
 
-import httpx
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -30,6 +29,7 @@ from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
 from .forward import Forwarder
+from .upstream import UpstreamPool
 
 __all__ = ["Application", "create_app"]
 
@@ -57,7 +57,7 @@ def _json(document: Any) -> Response:
     return Response(json.dumps(document), content_type="application/json")
 
 
-def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Application:
+def create_app(config: Config, router: Router, pool: UpstreamPool) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity."""
     names = Names(config)
     metrics = Metrics(router.scheduler, router.supervisors)
@@ -196,4 +196,4 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> App
         records = recorder.activity.recent(max(0, limit), request.args.get("model"))
         return _json({"activity": [record.to_json() for record in records]})
 
-    return Application(quart, Forwarder(config, router, names, client, recorder))
+    return Application(quart, Forwarder(config, router, names, pool, recorder))

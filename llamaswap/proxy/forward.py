@@ -20,9 +20,9 @@ import logging
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import final
+from urllib.parse import quote
 
 import attrs
-import httpx
 import trio
 from hypercorn.typing import (
     ASGIReceiveCallable,
@@ -51,6 +51,7 @@ from .errors import error_response
 from .exchange import Exchange, Recorder
 from .extract import ModelIn, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
+from .upstream import UpstreamFailed, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder", "Route"]
 
@@ -87,12 +88,14 @@ _INFERENCE: dict[tuple[str, str], ModelIn] = {
 _METHODS = {path: method for method, path in _INFERENCE}
 
 UPSTREAM_PREFIX = "/upstream/"
+#: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 #: Answers up to this size (by Content-Length) are relayed in one piece rather than chunk
 #: by chunk: one send fewer per request. Event streams never have a Content-Length.
 WHOLE_BODY_LIMIT = 256 * 1024
 
-# RFC 9110 §7.6.1 connection-specific fields, plus those httpx or hypercorn set itself.
+# RFC 9110 §7.6.1 connection-specific fields, plus Host (the upstream pool sets its own).
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -213,13 +216,13 @@ class Forwarder:
         config: Config,
         router: Router,
         names: Names,
-        client: httpx.AsyncClient,
+        pool: UpstreamPool,
         recorder: Recorder,
     ) -> None:
         self._config = config
         self._router = router
         self._names = names
-        self._client = client
+        self._pool = pool
         self._recorder = recorder
 
     def route(self, scope: HTTPScope) -> Route | None:
@@ -283,6 +286,7 @@ class Forwarder:
         if route.model_in is None:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
             target, path = self._upstream_target(name, rest)
+            path = quote(path, safe=_PATH_SAFE)  # the client's escapes, decoded by hypercorn
             payload: bytes | None = None
         else:
             payload = await body.read()
@@ -297,8 +301,7 @@ class Forwarder:
                 payload = rewrite_body(route.model_in, payload, content_type, model=target.model)
                 if route.model_in is ModelIn.QUERY:
                     query = rewrite_query(query, target.model)
-            url = target.config.proxy.rstrip("/") + path
-            upstream = _Upstream(url, query, payload, _peer_auth(target))
+            upstream = _Upstream(target.config.proxy, path, query, payload, _peer_auth(target))
             await self._forward(exchange, scope, upstream, body, reply)
             return
         exchange.model = target.model_id
@@ -313,7 +316,7 @@ class Forwarder:
             )
             if route.model_in is ModelIn.QUERY and model.use_model_name:
                 query = rewrite_query(query, model.use_model_name)
-        upstream = _Upstream(model.proxy.rstrip("/") + path, query, payload, [])
+        upstream = _Upstream(model.proxy, path, query, payload, [])
         while_waiting = None
         if model.send_loading_state and _streaming_chat(route, scope, payload):
             exchange.metadata["loading_state"] = True
@@ -351,61 +354,54 @@ class Forwarder:
             scope, strip_auth=bool(self._config.api_keys or upstream.extra_headers)
         )
         headers.extend(upstream.extra_headers)
-        if not any(k == b"accept-encoding" for k, _ in headers):
-            # httpx would ask for gzip on its own; the client did not.
-            headers.append((b"accept-encoding", b"identity"))
-        if upstream.payload is not None:
-            headers = [(k, v) for k, v in headers if k != b"content-length"]
-        query = upstream.query
-        request = self._client.build_request(
-            scope["method"],
-            upstream.url + ("?" + query.decode("latin-1") if query else ""),
-            headers=headers,
-            content=upstream.payload if upstream.payload is not None else body.chunks(),
-        )
+        content: bytes | AsyncIterator[bytes] | None = upstream.payload
+        if content is None and _has_body(scope):
+            content = body.chunks()
+        target = upstream.target
+        if upstream.query:
+            target += "?" + upstream.query.decode("latin-1")
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(exchange.model, _describe(exc)) from exc
-        try:
-            if "content-encoding" not in response.headers:
-                exchange.tap = UsageTap(response.headers.get("content-type", ""))
-            if not reply.started:
-                await reply.start(response.status_code, _downstream_headers(response))
-            elif response.status_code != 200:
-                # The loading-state stream already said 200: pass the error on as an event.
-                exchange.error = f"upstream answered {response.status_code}"
-                await reply.body(
-                    b"data: " + (await response.aread()).strip() + b"\n\n", more=False
-                )
-                return
-            tap = exchange.tap
-            length = response.headers.get("content-length", "")
-            if length.isdigit() and int(length) <= WHOLE_BODY_LIMIT:
-                # A small answer goes out in one piece, together with the response's end.
-                data = b"".join([chunk async for chunk in response.aiter_raw()])
-                if tap is not None:
-                    tap.feed(data)
-                await reply.body(data, more=False)
-                return
-            async for data in response.aiter_raw():
-                if tap is not None:
-                    tap.feed(data)
-                await reply.body(data)
-            await reply.body(b"", more=False)
-        except httpx.HTTPError as exc:
-            detail = f"broke off mid-response: {_describe(exc)}"
+            async with self._pool.request(
+                scope["method"], upstream.base, target, headers, content
+            ) as response:
+                await self._relay(exchange, response, reply)
+        except UpstreamFailed as exc:
+            detail = f"broke off mid-response: {exc}" if exc.answered else str(exc)
             raise UpstreamError(exchange.model, detail) from exc
-        finally:
-            with trio.CancelScope(shield=True):
-                await response.aclose()
+
+    async def _relay(self, exchange: Exchange, response: UpstreamResponse, reply: _Reply) -> None:
+        content_type = response.header(b"content-type")
+        if not response.header(b"content-encoding"):
+            exchange.tap = UsageTap(content_type)
+        if not reply.started:
+            await reply.start(response.status, _downstream_headers(response, content_type))
+        elif response.status != 200:
+            # The loading-state stream already said 200: pass the error on as an event.
+            exchange.error = f"upstream answered {response.status}"
+            await reply.body(b"data: " + (await response.read()).strip() + b"\n\n", more=False)
+            return
+        tap = exchange.tap
+        length = response.header(b"content-length")
+        if length.isdigit() and int(length) <= WHOLE_BODY_LIMIT:
+            # A small answer goes out in one piece, together with the response's end.
+            data = await response.read()
+            if tap is not None:
+                tap.feed(data)
+            await reply.body(data, more=False)
+            return
+        async for data in response.chunks():
+            if tap is not None:
+                tap.feed(data)
+            await reply.body(data)
+        await reply.body(b"", more=False)
 
 
 @attrs.frozen
 class _Upstream:
     """Where a request goes, and what changes on the way."""
 
-    url: str
+    base: str  # the model's or peer's `proxy` URL
+    target: str  # path (percent-encoded), without the query
     query: bytes
     payload: bytes | None  # None: stream the client's body through
     extra_headers: list[tuple[bytes, bytes]]
@@ -446,11 +442,22 @@ def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes
 _OURS = _HOP_BY_HOP | {b"date", b"server"}
 
 
-def _downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    headers = [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _OURS]
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
+def _downstream_headers(
+    response: UpstreamResponse, content_type: str
+) -> list[tuple[bytes, bytes]]:
+    headers = [(k, v) for k, v in response.headers if k not in _OURS]
+    if content_type.startswith("text/event-stream"):
         headers.append((b"x-accel-buffering", b"no"))
     return headers
+
+
+def _has_body(scope: HTTPScope) -> bool:
+    """Whether the client's request has a body to stream through."""
+    for name, value in scope["headers"]:
+        lower = name.lower()
+        if lower == b"transfer-encoding" or (lower == b"content-length" and value != b"0"):
+            return True
+    return False
 
 
 def _peer_auth(peer: Peer) -> list[tuple[bytes, bytes]]:
@@ -458,8 +465,3 @@ def _peer_auth(peer: Peer) -> list[tuple[bytes, bytes]]:
     if not key:
         return []
     return [(b"authorization", b"Bearer " + key.encode()), (b"x-api-key", key.encode())]
-
-
-def _describe(exc: httpx.HTTPError) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text

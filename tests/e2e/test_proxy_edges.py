@@ -113,6 +113,10 @@ async def test_upstream_passthrough_with_slashes_in_ids(proxy_factory: StartProx
             assert models.json()["data"][0]["id"] == "org/chat"
             missing = await client.get("/upstream/nope/health")
             assert missing.status_code == 404
+            # The path reaches the server as the client escaped it (its own 404 says so).
+            spaced = await client.get("/upstream/org/chat/a%20b%3F?x=1")
+            assert spaced.status_code == 404
+            assert spaced.json()["error"]["message"] == "no route for GET /a b?"
 
 
 async def test_multipart_routes_and_upstream_errors_pass_through(
