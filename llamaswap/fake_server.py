@@ -525,8 +525,8 @@ def _hypercorn_config(options: Options) -> Config:
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.loglevel = "WARNING"
-    # Outlive the client's idle timeout (httpx: 5 s) so the client, never the server, closes an
-    # idle keep-alive connection: no request races a server-side close.
+    # Outlive the clients' idle timeouts (llamaswap's pool: 4 s, httpx: 5 s) so the client,
+    # never the server, closes an idle keep-alive connection: no request races a close.
     config.keep_alive_timeout = 75.0
     config.keep_alive_max_requests = 2**31
     config.graceful_timeout = 1.0  # after SIGTERM, in-flight responses get this long

@@ -178,21 +178,32 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-async def metric(url: str, name: str) -> float:
+async def fetch(url: str, path: str) -> bytes:
+    """GET ``path``: the body."""
     client = await Client.open(url)
     try:
         text = bytearray()
-        await client._send(
-            h11.Request(method="GET", target="/metrics", headers=[("host", "bench")])
-        )
+        await client._send(h11.Request(method="GET", target=path, headers=[("host", "bench")]))
         await client._send(h11.EndOfMessage())
         while not isinstance(event := await client._next(), h11.EndOfMessage):
             if isinstance(event, h11.Data):
                 text += event.data
     finally:
         await client.aclose()
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text.decode(), re.MULTILINE)
+    return bytes(text)
+
+
+async def metric(url: str, name: str) -> float:
+    text = (await fetch(url, "/metrics")).decode()
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(match[1]) if match else 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def readiness(url: str, output: Output, runs: int) -> list[float]:
@@ -279,12 +290,16 @@ persistent = true
 
 
 @asynccontextmanager
-async def running_proxy(config: Path, log_level: str) -> AsyncIterator[tuple[str, int, Output]]:
-    """A llamaswap process on ``config``: its URL, PID and collected output."""
+async def running_proxy(
+    config: Path, log_level: str, source: Path = REPO
+) -> AsyncIterator[tuple[str, int, Output]]:
+    """A llamaswap process (the one in ``source``) on ``config``: its URL, PID and output."""
     argv = [sys.executable, "-m", "llamaswap", "--config", str(config)]
     argv += ["--listen", "127.0.0.1:0", "--log-level", log_level]
+    env = child_env("bench")
+    env["PYTHONPATH"] = str(source)  # its models' `python -m llamaswap.fake_server` too
     process = await trio.lowlevel.open_process(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env("bench")
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=source
     )
     output = Output()
     try:
@@ -315,15 +330,28 @@ async def run(quick: bool) -> None:
             assert await client.post(f"/api/models/load/{model}", b"") == 200
         await client.aclose()
         idle = rss_mb(pid)
+        running = json.loads(await fetch(url, "/running"))["running"]
+        server_pid = next(entry["pid"] for entry in running if entry["model"] == "fast")
         rounds = 300 if quick else 2000
         for concurrency in (1, 8):
+            cpu_before = cpu_seconds(pid), cpu_seconds(server_pid)
             figures = await latency(direct["fast"], url, concurrency, rounds // concurrency)
+            if concurrency == 1:
+                # Each round is one direct and one proxied request: the server answers
+                # both, the proxy only the proxied one.
+                proxy_us = (cpu_seconds(pid) - cpu_before[0]) / rounds * 1e6
+                server_us = (cpu_seconds(server_pid) - cpu_before[1]) / (2 * rounds) * 1e6
+                cpu_row = (
+                    "CPU per request (server | proxy)", f"{server_us:.0f} µs",
+                    f"{proxy_us:.0f} µs", f"{proxy_us / server_us:.2f}x the server's",
+                )  # fmt: skip
             for q in ("p50", "p99"):
                 d, p = figures[f"direct {q}"], figures[f"proxied {q}"]
                 results.append(
                     (f"latency {q}, concurrency {concurrency}", f"{d:.2f} ms", f"{p:.2f} ms",
                      f"+{p - d:.2f} ms ({p / d:.2f}x)")
                 )  # fmt: skip
+        results.append(cpu_row)
         tokens = 50 if quick else 100
         for concurrency, batches in ((1, 10), (32, 3)):
             d_ttft, d_rate = await streaming(direct["paced"], concurrency, tokens, batches)

@@ -24,6 +24,7 @@ from llamaswap.errors import (
 from llamaswap.proxy.auth import authorized, presented_key
 from llamaswap.proxy.errors import error_response
 from llamaswap.proxy.extract import ModelIn, read_model, rewrite_body, rewrite_query
+from llamaswap.proxy.upstream import UpstreamFailed, _origin
 from llamaswap.router.names import Local, Names, Peer
 
 FORM = "multipart/form-data; boundary=xyz"
@@ -155,3 +156,27 @@ def test_error_table(error: RequestError, status: int, code: str) -> None:
         assert ("www-authenticate", 'Basic realm="llamaswap"') in headers
     if status == 405:
         assert ("allow", "POST") in headers
+
+
+@pytest.mark.parametrize(
+    ("base", "where", "host_header", "prefix"),
+    [
+        ("http://127.0.0.1:8080", ("http", "127.0.0.1", 8080), b"127.0.0.1:8080", ""),
+        ("http://localhost/", ("http", "localhost", 80), b"localhost", ""),
+        ("https://x.org/v1/", ("https", "x.org", 443), b"x.org", "/v1"),
+        ("https://h:8443/a/b", ("https", "h", 8443), b"h:8443", "/a/b"),
+        ("http://[::1]:9000", ("http", "::1", 9000), b"[::1]:9000", ""),
+    ],
+)
+def test_an_upstream_base_url_gives_the_address_host_header_and_prefix(
+    base: str, where: tuple[str, str, int], host_header: bytes, prefix: str
+) -> None:
+    origin = _origin(base)
+    assert (origin.scheme, origin.host, origin.port) == where
+    assert (origin.host_header, origin.prefix) == (host_header, prefix)
+
+
+@pytest.mark.parametrize("base", ["ftp://host/", "http://", "127.0.0.1:8080"])
+def test_an_upstream_base_url_that_is_not_http_is_refused(base: str) -> None:
+    with pytest.raises(UpstreamFailed, match="not an http"):
+        _origin(base)

@@ -1,0 +1,76 @@
+"""Proxy CPU per request: this checkout against another one, side by side in one run.
+
+    git worktree add /tmp/before HEAD~1
+    python tests/benchmarks/bench_ab.py /tmp/before [--requests 3000]
+
+Starts two llamaswap processes, one from each checkout, each with its own fake model
+server, and sends them the same small chat request in alternating blocks on one
+keep-alive connection each, so that whatever else the machine does hits both equally.
+Prints each proxy's CPU time per request (user + system, from /proc) and the ratio. This
+is the figure to compare changes by: on a shared 2-core machine, latency from separate
+runs drifts by more than most changes are worth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.benchmarks.bench_proxy import (
+    CHAT,
+    CONFIG,
+    REPO,
+    Client,
+    cpu_seconds,
+    running_proxy,
+)
+from tests.e2e.harness import free_port_base
+
+BLOCKS = 10
+
+
+async def run(other: Path, requests: int) -> None:
+    sources = {"this checkout": REPO, str(other): other}
+    async with AsyncExitStack() as stack:
+        proxies: list[tuple[str, int, Client]] = []
+        for index, (name, source) in enumerate(sources.items()):
+            config = Path(tempfile.mkdtemp()) / "bench.toml"
+            config.write_text(CONFIG.format(port=free_port_base() + 100 * index))
+            url, pid, _ = await stack.enter_async_context(running_proxy(config, "info", source))
+            client = await Client.open(url)
+            stack.push_async_callback(client.aclose)
+            assert await client.post("/api/models/load/fast", b"") == 200
+            for _ in range(300):  # warm up
+                assert await client.post("/v1/chat/completions", CHAT) == 200
+            proxies.append((name, pid, client))
+        used = dict.fromkeys(sources, 0.0)
+        for block in range(BLOCKS):
+            for name, pid, client in proxies if block % 2 else proxies[::-1]:
+                before = cpu_seconds(pid)
+                for _ in range(requests // BLOCKS):
+                    assert await client.post("/v1/chat/completions", CHAT) == 200
+                used[name] += cpu_seconds(pid) - before
+    per_request = {name: seconds / requests * 1e6 for name, seconds in used.items()}
+    for name, micros in per_request.items():
+        print(f"{name}: {micros:.0f} µs of proxy CPU per request")
+    mine, theirs = per_request.values()
+    print(f"ratio (this checkout / the other): {mine / theirs:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("other", type=Path, help="another llamaswap checkout")
+    parser.add_argument("--requests", type=int, default=3000, help="per proxy")
+    options = parser.parse_args()
+    trio.run(run, options.other.resolve(), options.requests)
+
+
+if __name__ == "__main__":
+    main()
