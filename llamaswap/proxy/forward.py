@@ -357,12 +357,12 @@ class Forwarder:
         content: bytes | AsyncIterator[bytes] | None = upstream.payload
         if content is None and _has_body(scope):
             content = body.chunks()
-        target = upstream.target
+        path = upstream.path
         if upstream.query:
-            target += "?" + upstream.query.decode("latin-1")
+            path += "?" + upstream.query.decode("latin-1")
         try:
             async with self._pool.request(
-                scope["method"], upstream.base, target, headers, content
+                scope["method"], upstream.base, path, headers, content
             ) as response:
                 await self._relay(exchange, response, reply)
         except UpstreamFailed as exc:
@@ -401,7 +401,7 @@ class _Upstream:
     """Where a request goes, and what changes on the way."""
 
     base: str  # the model's or peer's `proxy` URL
-    target: str  # path (percent-encoded), without the query
+    path: str  # percent-encoded, without the query
     query: bytes
     payload: bytes | None  # None: stream the client's body through
     extra_headers: list[tuple[bytes, bytes]]

@@ -1,11 +1,10 @@
 """The forwarding path's HTTP/1.1 client: keep-alive h11 connections on Trio streams.
 
-Why not httpx here: every proxied request pays for its client twice over (the client side
-of the proxy is as hot as the server side), and httpx's generality (auth and redirect
-flows, cookies, a pool with locks and a state machine per connection) costs about 0.4 ms
-of CPU per request more than h11 driven directly (measured side by side: docs/performance.md).
-A proxy needs none of it: it sends the request it was given and relays the answer.
-httpx stays everywhere else (health probes, peers' model lists, the tests).
+Why not httpx here: a proxy runs its client side on every request, just like its server
+side, and httpx's generality (auth and redirect flows, cookies, a pool with locks and a
+state machine per connection) costs about 0.4 ms of CPU per request more than h11 driven
+directly (measured side by side: docs/performance.md). A proxy needs none of it: it sends
+the request it was given and relays the answer. httpx stays for health probes and tests.
 
 The pool keeps idle connections per origin, newest first. A connection goes back only
 when both sides finished the exchange cleanly; anything else (an error, a cancellation
@@ -218,8 +217,7 @@ class UpstreamPool:
     async def _connect(self, origin: _Origin) -> _Connection:
         try:
             with trio.fail_after(self._connect_timeout):
-                tcp = await trio.open_tcp_stream(origin.host, origin.port)
-                tcp.setsockopt(6, 1, 1)  # TCP_NODELAY (IPPROTO_TCP, TCP_NODELAY): no Nagle delay
+                tcp = await trio.open_tcp_stream(origin.host, origin.port)  # TCP_NODELAY on
                 if origin.scheme == "http":
                     return _Connection(tcp, tcp)
                 if self._ssl_context is None:

@@ -1,0 +1,3 @@
+from llamaswap.fake_server import main
+
+main()

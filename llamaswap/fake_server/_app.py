@@ -1,0 +1,329 @@
+"""The fake server's ASGI application: routes, pacing, streaming and disconnect detection."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, final
+
+import attrs
+import trio
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    HTTPResponseStartEvent,
+    Scope,
+)
+
+from ._content import (
+    BadRequest,
+    Completion,
+    dumps,
+    embedding,
+    error,
+    prompt_texts,
+    text_of,
+    token_limit,
+)
+
+
+@attrs.frozen
+class Options:
+    """The command line, validated."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    model_name: str = "fake"
+    load_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    max_tokens: int = 16
+    fail_start: bool = False
+    crash_after_tokens: int | None = None
+    ignore_sigterm: bool = False
+    embedding_size: int = 8
+
+
+def say(line: str) -> None:
+    """One flushed stdout line; a vanished reader must not take a request down with it."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"fake_server: {line}", flush=True)
+
+
+def complain(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+@final
+@attrs.define(eq=False)
+class _Progress:
+    """Shared by a generation and the task watching for the client to leave."""
+
+    tokens: int = 0
+    complete: bool = False
+    disconnected: bool = False
+
+
+# --- the ASGI application ---------------------------------------------------------------------
+
+_Handler = Callable[[ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
+
+
+@final
+class FakeServer:
+    """The ASGI application. ``healthy`` flips once the simulated load is over."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.healthy = False
+        self._ids = itertools.count(1)
+        self._model_header = options.model_name.encode("latin-1", "replace")
+        self._routes: dict[tuple[str, str], _Handler] = {
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/props"): self._props,
+            ("POST", "/v1/chat/completions"): partial(self._complete, "chat"),
+            ("POST", "/v1/completions"): partial(self._complete, "text"),
+            ("POST", "/v1/embeddings"): self._embeddings,
+        }
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        say(f"request {method} {path} at {time.time():.6f}")
+        handler = self._routes.get((method, path))
+        if handler is None:
+            await self._json(send, 404, error(f"no route for {method} {path}", "not_found_error"))
+        elif not self.healthy and path != "/health":
+            await self._json(send, 503, error("Loading model", "unavailable_error"))
+        else:
+            try:
+                await handler(receive, send)
+            except BadRequest as exc:
+                await self._json(send, 400, error(str(exc), "invalid_request_error"))
+
+    async def _lifespan(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _headers(self, content_type: bytes) -> list[tuple[bytes, bytes]]:
+        return [(b"content-type", content_type), (b"x-fake-model", self._model_header)]
+
+    async def _json(self, send: ASGISendCallable, status: int, obj: object) -> None:
+        body = dumps(obj)
+        headers = self._headers(b"application/json")
+        headers.append((b"content-length", str(len(body)).encode()))
+        start: HTTPResponseStartEvent = {
+            "type": "http.response.start",
+            "status": status,
+            "headers": headers,
+            "trailers": False,
+        }
+        await send(start)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _read_json(self, receive: ASGIReceiveCallable) -> dict[str, Any] | None:
+        """The request body as a JSON object, or None if the client left while sending it."""
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            if message["type"] == "http.request":
+                chunks.append(message["body"])
+                if not message["more_body"]:
+                    break
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    # --- routes ---
+
+    async def _health(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if self.healthy:
+            await self._json(send, 200, {"status": "ok"})
+        else:
+            await self._json(send, 503, {"status": "loading"})
+
+    async def _models(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        name = self.options.model_name
+        model = {"id": name, "object": "model", "created": 0, "owned_by": "fake"}
+        await self._json(send, 200, {"object": "list", "data": [model]})
+
+    async def _props(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        options = self.options
+        props = {
+            "model": options.model_name,
+            "model_path": f"{options.model_name}.gguf",
+            "total_slots": 1,
+            "default_generation_settings": {"n_predict": options.max_tokens},
+            "tokens_per_second": options.tokens_per_second,
+            "build_info": "llamaswap.fake_server",
+        }
+        await self._json(send, 200, props)
+
+    async def _embeddings(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        body = await self._read_json(receive)
+        if body is None:
+            return
+        texts = prompt_texts(body.get("input"))
+        size = self.options.embedding_size
+        data = [
+            {"object": "embedding", "index": index, "embedding": embedding(text, size)}
+            for index, text in enumerate(texts)
+        ]
+        tokens = sum(len(text.split()) for text in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        response = {"object": "list", "data": data, "model": self.options.model_name}
+        await self._json(send, 200, {**response, "usage": usage})
+
+    async def _complete(
+        self, kind: str, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        body = await self._read_json(receive)
+        if body is None:
+            return
+        job = self._completion(kind, body)
+        options = self.options
+        if (
+            not job.stream
+            and options.tokens_per_second == 0
+            and options.crash_after_tokens is None
+        ):
+            await self._json(send, 200, job.response())  # the fast path: nothing to wait for
+            return
+        work = self._stream if job.stream else self._respond_when_done
+        progress = _Progress()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_disconnect, receive, progress, nursery.cancel_scope)
+            await work(send, job, progress)
+            nursery.cancel_scope.cancel()
+        if progress.disconnected:
+            say(f"client disconnected after {progress.tokens} tokens")
+
+    def _completion(self, kind: str, body: dict[str, Any]) -> Completion:
+        count, limited = token_limit(body, self.options.max_tokens)
+        if kind == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                raise BadRequest(f"'messages' must be a list, got {messages!r}")
+            texts = [text_of(m.get("content")) for m in messages if isinstance(m, dict)]
+            users = [
+                text_of(m.get("content"))
+                for m in messages
+                if isinstance(m, dict) and m.get("role") == "user"
+            ]
+            seed_text = users[-1] if users else ""
+            prefix = "chatcmpl"
+        else:
+            texts = prompt_texts(body.get("prompt", ""))
+            seed_text = texts[-1] if texts else ""
+            prefix = "cmpl"
+        stream_options = body.get("stream_options")
+        include_usage = isinstance(stream_options, dict) and bool(
+            stream_options.get("include_usage")
+        )
+        name = self.options.model_name
+        return Completion(
+            kind=kind,
+            id=f"{prefix}-fake-{next(self._ids)}",
+            model=name,
+            created=int(time.time()),
+            prompt_tokens=sum(len(text.split()) for text in texts),
+            seed=f"{name}\0{seed_text}",
+            tokens=count,
+            finish_reason="length" if limited else "stop",
+            stream=body.get("stream") is True,
+            include_usage=include_usage,
+        )
+
+    async def _watch_disconnect(
+        self, receive: ASGIReceiveCallable, progress: _Progress, scope: trio.CancelScope
+    ) -> None:
+        while True:
+            message = await receive()
+            # hypercorn also says http.disconnect once the response is complete; that one is
+            # not a client leaving, hence the `complete` flag set before the last send.
+            if message["type"] == "http.disconnect":
+                if not progress.complete:
+                    progress.disconnected = True
+                    scope.cancel(reason="client disconnected")
+                return
+
+    async def _pace(self, started: float, tokens: int) -> None:
+        """Wait until ``tokens`` tokens are due; a checkpoint even when unpaced, so a
+        disconnect can always cancel the generation."""
+        rate = self.options.tokens_per_second
+        if rate > 0:
+            await trio.sleep_until(started + tokens / rate)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    def _maybe_crash(self, tokens: int) -> None:
+        if tokens == self.options.crash_after_tokens:
+            complain(f"fake_server: crashing after {tokens} tokens (--crash-after-tokens)")
+            os._exit(3)
+
+    async def _stream(self, send: ASGISendCallable, job: Completion, progress: _Progress) -> None:
+        headers = self._headers(b"text/event-stream")
+        headers.append((b"cache-control", b"no-cache"))
+        start: HTTPResponseStartEvent = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": headers,
+            "trailers": False,
+        }
+        await send(start)
+        started = trio.current_time()
+        for index, piece in enumerate(job.pieces()):
+            self._maybe_crash(index)
+            await self._pace(started, index + 1)
+            chunk = job.chunk(index, piece)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            progress.tokens = index + 1
+        tail = job.chunk(job.tokens, None)
+        if job.include_usage:
+            tail += job.usage_chunk()
+        progress.complete = True
+        await send(
+            {"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False}
+        )
+
+    async def _respond_when_done(
+        self, send: ASGISendCallable, job: Completion, progress: _Progress
+    ) -> None:
+        """Take as long as streaming would have, then answer in one piece."""
+        crash_at = self.options.crash_after_tokens
+        started = trio.current_time()
+        try:
+            if crash_at is not None and crash_at < job.tokens:
+                await self._pace(started, crash_at)
+                self._maybe_crash(crash_at)
+            await self._pace(started, job.tokens)
+        finally:  # on a disconnect: how far generation got, for the log line
+            elapsed = trio.current_time() - started
+            progress.tokens = min(job.tokens, int(elapsed * self.options.tokens_per_second))
+        progress.tokens = job.tokens
+        progress.complete = True
+        await self._json(send, 200, job.response())

@@ -1,0 +1,152 @@
+"""The fake server's command line and process lifetime: bind, load, serve, handle signals."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from ._app import FakeServer, Options, complain, say
+
+# --- process lifetime -------------------------------------------------------------------------
+
+
+def _hypercorn_config(options: Options) -> Config:
+    """Bind the listening socket here, so a busy port is a plain OSError, then hand it over."""
+    family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((options.host, options.port))
+    except OSError:
+        sock.close()
+        raise
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
+    config.loglevel = "WARNING"
+    # Outlive the clients' idle timeouts (llamaswap's pool: 4 s, httpx: 5 s) so the client,
+    # never the server, closes an idle keep-alive connection: no request races a close.
+    config.keep_alive_timeout = 75.0
+    config.keep_alive_max_requests = 2**31
+    config.graceful_timeout = 1.0  # after SIGTERM, in-flight responses get this long
+    return config
+
+
+async def _run(options: Options) -> int:
+    """Serve until SIGTERM/SIGINT (exit status 0) or a (simulated) failure (status 1)."""
+    started = trio.current_time()
+    app = FakeServer(options)
+    try:
+        config = _hypercorn_config(options)
+    except OSError as exc:
+        complain(f"error: cannot listen on {options.host}:{options.port}: {exc}")
+        return 1
+    shutdown = trio.Event()
+    exit_code = 0
+
+    # The receiver is open before the port is announced: a supervisor may signal at once.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def serve_then_stop(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await serve(
+                    app,
+                    config,
+                    shutdown_trigger=shutdown.wait,
+                    mode="asgi",
+                    task_status=task_status,
+                )
+                nursery.cancel_scope.cancel(reason="server shut down")
+
+            async def load() -> None:
+                nonlocal exit_code
+                await trio.sleep_until(started + options.load_seconds)
+                if options.fail_start:
+                    complain(f"error: failed to load model file '{options.model_name}.gguf'")
+                    exit_code = 1
+                    nursery.cancel_scope.cancel(reason="simulated load failure")
+                    return
+                app.healthy = True
+                say(f"healthy at {time.time():.6f}")
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if signum == signal.SIGTERM and options.ignore_sigterm:
+                        say(f"received {name}, ignoring it (--ignore-sigterm)")
+                        continue
+                    say(f"received {name}")
+                    shutdown.set()
+
+            (url,) = await nursery.start(serve_then_stop)
+            say(f"listening on {url} model={options.model_name} pid={os.getpid()}")
+            nursery.start_soon(watch_signals)
+            nursery.start_soon(load)
+    return exit_code
+
+
+def _number(kind: type[int] | type[float], minimum: int = 0) -> Callable[[str], Any]:
+    """An argparse ``type`` accepting finite numbers >= ``minimum``."""
+
+    def convert(text: str) -> int | float:
+        value = kind(text)
+        if not minimum <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {text!r}")
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in its error messages
+    return convert
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    """Parse the command line into :class:`Options`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m llamaswap.fake_server",
+        description="A deterministic OpenAI-compatible stand-in for llama-server that simulates "
+        "slow loads, token rates, failed starts, crashes and stubborn shutdowns. It logs one "
+        "line per event to stdout.",
+    )
+    seconds, count = _number(float), _number(int)
+    add = parser.add_argument
+    # fmt: off
+    add("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    add("--port", type=_number(int), required=True, help="port to bind; 0 picks a free one")
+    add("--model-name", default="fake", help="model id it reports (default: %(default)s)")
+    add("--load-seconds", type=seconds, default=0.0, metavar="S",
+        help="/health answers 503 until S seconds after start (default: %(default)s)")
+    add("--tokens-per-second", type=seconds, default=0.0, metavar="R",
+        help="generation speed; 0 = as fast as possible (default: %(default)s)")
+    add("--max-tokens", type=count, default=16, metavar="N",
+        help="response length when the request sets no max_tokens (default: %(default)s)")
+    add("--fail-start", action="store_true",
+        help="after --load-seconds, print a load error to stderr and exit with status 1")
+    add("--crash-after-tokens", type=count, metavar="N",
+        help="after generating N tokens of a response, exit at once with status 3")
+    add("--ignore-sigterm", action="store_true",
+        help="log SIGTERM and keep running (SIGKILL or SIGINT still stop it)")
+    add("--embedding-size", type=_number(int, minimum=1), default=8, metavar="N",
+        help="length of /v1/embeddings vectors (default: %(default)s)")
+    # fmt: on
+    args = parser.parse_args(argv)
+    if args.port > 65535:
+        parser.error(f"--port must be at most 65535, got {args.port}")
+    return Options(**{name: getattr(args, name) for name in attrs.fields_dict(Options)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the fake server; exits with status 1 on a (simulated) start failure."""
+    options = parse_args(argv)
+    exit_code = trio.run(_run, options)
+    if exit_code:
+        sys.exit(exit_code)

@@ -1,0 +1,175 @@
+"""What the fake server says: deterministic words, embeddings and OpenAI-shaped bodies.
+
+Pure functions and values, no I/O: the ASGI app in ``_app`` turns a request body into a
+:class:`Completion` and sends the bytes these helpers build.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Iterator
+from typing import Any, Final, final
+
+import attrs
+
+_WORDS: Final = (
+    "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
+    "indigo", "juniper", "kestrel", "lagoon", "meadow", "nectar", "orchid", "pebble",
+    "quartz", "river", "saffron", "tundra", "umber", "velvet", "willow", "yarrow",
+    "zephyr", "anchor", "bramble", "canyon", "dune", "estuary", "falcon", "glacier",
+    "heron", "island", "jasper", "kelp", "lantern", "marble", "nimbus", "ochre",
+    "prairie", "quill", "reef", "summit", "thistle", "upland", "valley", "walnut",
+    "alder", "beacon", "cobalt", "drift", "echo", "fern", "grove", "hollow",
+    "ivory", "jetty", "knoll", "linen", "moss", "north", "opal", "pine",
+)  # fmt: skip
+
+_JSON_SEPARATORS: Final = (",", ":")
+
+
+def dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=_JSON_SEPARATORS).encode()
+
+
+class BadRequest(Exception):
+    pass
+
+
+def error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
+
+
+# --- deterministic content ------------------------------------------------------------------
+
+
+def _words(seed_text: str, count: int) -> Iterator[str]:
+    """Yield ``count`` token strings: the first a bare word, the rest a space and a word."""
+    state = zlib.crc32(seed_text.encode())
+    for index in range(count):
+        state = (state * 1103515245 + 12345) & 0x7FFFFFFF
+        word = _WORDS[(state >> 8) % len(_WORDS)]
+        yield word if index == 0 else " " + word
+
+
+def embedding(text: str, size: int) -> list[float]:
+    """A unit vector of ``size`` floats that depends only on ``text``."""
+    base = zlib.crc32(text.encode())
+    raw = [
+        zlib.crc32(index.to_bytes(4, "little"), base) / 0xFFFFFFFF * 2.0 - 1.0
+        for index in range(size)
+    ]
+    norm = math.sqrt(sum(value * value for value in raw)) or 1.0
+    return [round(value / norm, 6) for value in raw]
+
+
+def text_of(content: object) -> str:
+    """The text of a message ``content``: a string, or a list of ``{"type": "text"}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def prompt_texts(prompt: object) -> list[str]:
+    """``prompt``/``input`` as texts: a string, strings, token ids, or lists of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list):
+        if all(isinstance(item, int) for item in prompt):
+            return [" ".join(str(item) for item in prompt)] if prompt else []
+        texts = []
+        for item in prompt:
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, list):
+                texts.append(" ".join(str(token) for token in item))
+            else:
+                raise BadRequest(f"unsupported prompt item {item!r}")
+        return texts
+    raise BadRequest(f"expected a string or a list for the prompt, got {prompt!r}")
+
+
+def token_limit(body: dict[str, Any], default: int) -> tuple[int, bool]:
+    """The response length and whether the request set it (then ``finish_reason`` is length)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadRequest(f"{key} must be a non-negative integer, got {value!r}")
+        return value, True
+    return default, False
+
+
+@final
+@attrs.define(eq=False)
+class Completion:
+    """One generation request: what to say and how to wrap each piece of it."""
+
+    kind: str  # "chat" or "text"
+    id: str
+    model: str
+    created: int
+    prompt_tokens: int
+    seed: str  # what the words are derived from
+    tokens: int
+    finish_reason: str
+    stream: bool
+    include_usage: bool
+
+    def pieces(self) -> Iterator[str]:
+        """The tokens, generated lazily: a huge max_tokens must not stall the event loop."""
+        return _words(self.seed, self.tokens)
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
+
+    def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def response(self) -> dict[str, Any]:
+        text = "".join(self.pieces())
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice.update(text=text, logprobs=None)
+        return {**self._envelope([choice], chunk=False), "usage": self.usage(self.tokens)}
+
+    def chunk(self, index: int, piece: str | None) -> bytes:
+        """The SSE event for token ``index``; ``piece=None`` is the closing finish_reason chunk."""
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == "chat":
+            delta: dict[str, str] = {} if piece is None else {"content": piece}
+            if index == 0 and piece is not None:
+                delta = {"role": "assistant", **delta}
+            choice["delta"] = delta
+        else:
+            choice.update(text=piece or "", logprobs=None)
+        choice["finish_reason"] = self.finish_reason if piece is None else None
+        return b"data: " + dumps(self._envelope([choice], chunk=True)) + b"\n\n"
+
+    def usage_chunk(self) -> bytes:
+        envelope = self._envelope([], chunk=True)
+        envelope["usage"] = self.usage(self.tokens)
+        return b"data: " + dumps(envelope) + b"\n\n"
