@@ -20,7 +20,7 @@ import trio
 import trustme
 from trio.testing import MockClock
 
-from llamaswap.proxy.upstream import UpstreamFailed, UpstreamPool
+from llamaswap.proxy.upstream import UpstreamFailed, UpstreamPool, _Connection
 
 
 @final
@@ -339,3 +339,15 @@ async def test_https_upstreams_are_verified(nursery: trio.Nursery) -> None:
 async def test_a_request_h11_refuses_to_send_is_a_failure(pool: UpstreamPool) -> None:
     with pytest.raises(UpstreamFailed, match="cannot send this request"):
         await get(pool, "http://127.0.0.1:1", "/a b")
+
+
+async def test_an_idle_connection_is_stale_once_the_server_has_closed_it() -> None:
+    ours, theirs = trio.socket.socketpair()
+    stream = trio.SocketStream(ours)
+    connection = _Connection(stream, stream)
+    assert not connection.stale()
+    theirs.close()
+    with trio.fail_after(10):
+        await trio.lowlevel.wait_readable(ours)
+    assert connection.stale()
+    connection.close()
