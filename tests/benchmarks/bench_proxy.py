@@ -87,6 +87,13 @@ class Client:
         ]
         await self._send(h11.Request(method="POST", target=path, headers=headers))
         await self._send(h11.Data(data=body))
+        return await self._response(on_chunk)
+
+    async def get(self, path: str, on_chunk: Callable[[bytes], None] | None = None) -> int:
+        await self._send(h11.Request(method="GET", target=path, headers=[("host", self._host)]))
+        return await self._response(on_chunk)
+
+    async def _response(self, on_chunk: Callable[[bytes], None] | None) -> int:
         await self._send(h11.EndOfMessage())
         status = 0
         while True:
@@ -181,13 +188,9 @@ def rss_mb(pid: int) -> float:
 async def fetch(url: str, path: str) -> bytes:
     """GET ``path``: the body."""
     client = await Client.open(url)
+    text = bytearray()
     try:
-        text = bytearray()
-        await client._send(h11.Request(method="GET", target=path, headers=[("host", "bench")]))
-        await client._send(h11.EndOfMessage())
-        while not isinstance(event := await client._next(), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                text += event.data
+        assert await client.get(path, text.extend) == 200
     finally:
         await client.aclose()
     return bytes(text)
@@ -197,6 +200,18 @@ async def metric(url: str, name: str) -> float:
     text = (await fetch(url, "/metrics")).decode()
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(match[1]) if match else 0.0
+
+
+async def health_cpu(url: str, pid: int, requests: int) -> float:
+    """The server's CPU per ``GET /health`` (µs): a constant answer, about the least any
+    request costs an app on hypercorn's trio worker."""
+    client = await Client.open(url)
+    before = cpu_seconds(pid)
+    for _ in range(requests):
+        assert await client.get("/health") == 200
+    used = cpu_seconds(pid) - before
+    await client.aclose()
+    return used / requests * 1e6
 
 
 def cpu_seconds(pid: int) -> float:
@@ -352,6 +367,8 @@ async def run(quick: bool) -> None:
                      f"+{p - d:.2f} ms ({p / d:.2f}x)")
                 )  # fmt: skip
         results.append(cpu_row)
+        floor = await health_cpu(direct["fast"], server_pid, rounds)
+        results.append(("CPU per GET /health (hypercorn floor)", f"{floor:.0f} µs", "-", ""))
         tokens = 50 if quick else 100
         for concurrency, batches in ((1, 10), (32, 3)):
             d_ttft, d_rate = await streaming(direct["paced"], concurrency, tokens, batches)
