@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import final
 
+import attrs
 import h11
 import pytest
 import trio
@@ -67,10 +68,10 @@ class Peer:
 Script = Callable[[Peer, int], Awaitable[None]]  # (peer, index of the connection)
 
 
-@final
+@attrs.define
 class Server:
-    url = ""
-    connections = 0  # accepted so far
+    url: str = ""
+    connections: int = 0  # accepted so far
 
 
 async def start_server(
