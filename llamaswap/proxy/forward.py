@@ -5,19 +5,20 @@ its place with the scheduler (``Router.acquire``), the upstream connection, and 
 response. That is why this path is ASGI rather than a Quart view: a Quart view returns
 its response before the body is sent, and a lease held across that gap could leak.
 
-Each request runs in a nursery with a *pump* task that owns ASGI ``receive``: it feeds
-the request body to whoever reads it, then waits for ``http.disconnect`` and cancels the
-request. **A client that disconnects cancels its request wherever it is**: waiting in the
-queue (it leaves the queue), waiting for a load (the load is cancelled if nobody else
-wants it), or streaming (the upstream connection is closed, so the model server sees the
-disconnect and stops generating).
+Each request runs in a nursery. The request task reads the body itself (before queueing,
+except a large ``/upstream`` upload, which streams through once the model is ready); once
+the body is in, a *watcher* task waits for ``http.disconnect`` and cancels the request.
+**A client that disconnects cancels its request wherever it is**: waiting in the queue (it
+leaves the queue), waiting for a load (the load is cancelled if nobody else wants it), or
+streaming (the upstream connection is closed, so the model server sees the disconnect and
+stops generating).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import final
 from urllib.parse import quote
@@ -91,9 +92,10 @@ UPSTREAM_PREFIX = "/upstream/"
 #: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
-#: Answers up to this size (by Content-Length) are relayed in one piece rather than chunk
-#: by chunk: one send fewer per request. Event streams never have a Content-Length.
-WHOLE_BODY_LIMIT = 256 * 1024
+#: Bodies up to this size (by Content-Length) are handled in one piece: answers are relayed
+#: in one send rather than chunk by chunk (event streams never have a Content-Length), and
+#: ``/upstream`` request bodies are read before the request is queued.
+SMALL_BODY = 256 * 1024
 
 # RFC 9110 §7.6.1 connection-specific fields, plus Host (the upstream pool sets its own).
 _HOP_BY_HOP = frozenset(
@@ -122,41 +124,53 @@ class Route:
 
 @final
 class _Body:
-    """The request body, fed by the pump task; a disconnect cancels the request."""
+    """The request body, read by the request task; then a watcher waits for the client to go.
 
-    def __init__(self, receive: ASGIReceiveCallable, limit: int) -> None:
+    hypercorn delivers ``http.disconnect`` after the body's messages, so whoever reads the
+    body sees a disconnect first: the request task while it reads, then, once the body is
+    in, a watcher task started in the request's nursery. Either calls ``on_disconnect``.
+    """
+
+    def __init__(
+        self,
+        receive: ASGIReceiveCallable,
+        limit: int,
+        nursery: trio.Nursery,
+        on_disconnect: Callable[[], None],
+    ) -> None:
         self._receive = receive
         self._limit = limit
-        self._send, self._chunks = trio.open_memory_channel[bytes](1)
-        self._received = 0
+        self._nursery = nursery
+        self._on_disconnect = on_disconnect
         self.disconnected = False
         self.complete = False  # the whole body has arrived
 
-    async def pump(self, request_scope: trio.CancelScope) -> None:
-        async with self._send:
-            while True:
-                message = await self._receive()
-                if message["type"] == "http.disconnect":
-                    self.disconnected = True
-                    request_scope.cancel(reason="client disconnected")
-                    return
-                if message["type"] == "http.request":
-                    if chunk := message.get("body", b""):
-                        await self._send.send(chunk)
-                    if not message.get("more_body", False):
-                        self.complete = True
-                        break
+    async def chunks(self) -> AsyncIterator[bytes]:
+        received = 0
+        while not self.complete:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._gone()
+                await trio.lowlevel.checkpoint()  # on_disconnect cancelled us: raise here
+                return
+            if message["type"] == "http.request":
+                if chunk := message.get("body", b""):
+                    received += len(chunk)
+                    if received > self._limit:
+                        raise BodyTooLarge(self._limit)
+                    yield chunk
+                if not message.get("more_body", False):
+                    self.complete = True
+                    self._nursery.start_soon(self._watch)
+
+    async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        self.disconnected = True
-        request_scope.cancel(reason="client disconnected")
+        self._gone()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self._chunks:
-            self._received += len(chunk)
-            if self._received > self._limit:
-                raise BodyTooLarge(self._limit)
-            yield chunk
+    def _gone(self) -> None:
+        self.disconnected = True
+        self._on_disconnect()
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
@@ -238,22 +252,26 @@ class Forwarder:
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         exchange = Exchange(scope["method"], scope["path"])
-        body = _Body(receive, self._config.max_body_bytes)
         reply = _Reply(send, exchange)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(body.pump, nursery.cancel_scope)
-                try:
-                    await self._handle(route, scope, body, reply, exchange)
-                except RequestError as exc:
-                    exchange.error = str(exc)
-                    logger.info("%s %s: %s", scope["method"], scope["path"], exc)
-                    await self._report(reply, exc, close=not body.complete)
-                nursery.cancel_scope.cancel()
-        finally:
-            if body.disconnected and not reply.finished and exchange.error is None:
-                exchange.error = "client disconnected"
-            self._recorder.finish(exchange)
+        async with trio.open_nursery() as nursery:
+
+            def client_left() -> None:
+                # hypercorn also says "disconnect" once a response is complete.
+                if not reply.finished:
+                    nursery.cancel_scope.cancel(reason="client disconnected")
+
+            body = _Body(receive, self._config.max_body_bytes, nursery, client_left)
+            try:
+                await self._handle(route, scope, body, reply, exchange)
+            except RequestError as exc:
+                exchange.error = str(exc)
+                logger.info("%s %s: %s", scope["method"], scope["path"], exc)
+                await self._report(reply, exc, close=not body.complete)
+            finally:
+                if body.disconnected and not reply.finished and exchange.error is None:
+                    exchange.error = "client disconnected"
+                self._recorder.finish(exchange)
+            nursery.cancel_scope.cancel()  # the watcher, if hypercorn has not ended it yet
 
     async def _report(self, reply: _Reply, error: RequestError, *, close: bool) -> None:
         """Answer ``error`` however much of the response has already gone out."""
@@ -287,7 +305,11 @@ class Forwarder:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
             target, path = self._upstream_target(name, rest)
             path = quote(path, safe=_PATH_SAFE)  # the client's escapes, decoded by hypercorn
-            payload: bytes | None = None
+            # A small body is read now, so that a disconnect while queued is noticed; a
+            # large or chunked one streams through once the model is ready.
+            small = declared.isdigit() and int(declared) <= SMALL_BODY
+            streamed = "transfer-encoding" in headers or (bool(declared) and not small)
+            payload = None if streamed else await body.read()
         else:
             payload = await body.read()
             name = read_model(route.model_in, payload, content_type, query)
@@ -355,8 +377,10 @@ class Forwarder:
         )
         headers.extend(upstream.extra_headers)
         content: bytes | AsyncIterator[bytes] | None = upstream.payload
-        if content is None and _has_body(scope):
+        if content is None:
             content = body.chunks()
+        elif not content and not _has_body(scope):
+            content = None  # no body at all (a GET), as the client sent it
         path = upstream.path
         if upstream.query:
             path += "?" + upstream.query.decode("latin-1")
@@ -382,7 +406,7 @@ class Forwarder:
             return
         tap = exchange.tap
         length = response.header(b"content-length")
-        if length.isdigit() and int(length) <= WHOLE_BODY_LIMIT:
+        if length.isdigit() and int(length) <= SMALL_BODY:
             # A small answer goes out in one piece, together with the response's end.
             data = await response.read()
             if tap is not None:

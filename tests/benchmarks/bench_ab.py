@@ -1,4 +1,4 @@
-"""Proxy CPU per request: this checkout against another one, side by side in one run.
+"""Proxy CPU and latency per request: this checkout against another, side by side in one run.
 
     git worktree add /tmp/before HEAD~1
     python tests/benchmarks/bench_ab.py /tmp/before [--requests 3000]
@@ -6,9 +6,9 @@
 Starts two llamaswap processes, one from each checkout, each with its own fake model
 server, and sends them the same small chat request in alternating blocks on one
 keep-alive connection each, so that whatever else the machine does hits both equally.
-Prints each proxy's CPU time per request (user + system, from /proc) and the ratio. This
-is the figure to compare changes by: on a shared 2-core machine, latency from separate
-runs drifts by more than most changes are worth.
+Prints each proxy's CPU time per request (user + system, from /proc), its p50 and p99
+latency, and the ratios. These are the figures to compare changes by: on a shared 2-core
+machine, figures from separate runs drift by more than most changes are worth.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from tests.benchmarks.bench_proxy import (
     REPO,
     Client,
     cpu_seconds,
+    percentile,
     running_proxy,
 )
 from tests.e2e.harness import free_port_base
@@ -51,17 +53,29 @@ async def run(other: Path, requests: int) -> None:
                 assert await client.post("/v1/chat/completions", CHAT) == 200
             proxies.append((name, pid, client))
         used = dict.fromkeys(sources, 0.0)
+        latencies: dict[str, list[float]] = {name: [] for name in sources}
         for block in range(BLOCKS):
             for name, pid, client in proxies if block % 2 else proxies[::-1]:
                 before = cpu_seconds(pid)
                 for _ in range(requests // BLOCKS):
+                    started = time.perf_counter()
                     assert await client.post("/v1/chat/completions", CHAT) == 200
+                    latencies[name].append(time.perf_counter() - started)
                 used[name] += cpu_seconds(pid) - before
-    per_request = {name: seconds / requests * 1e6 for name, seconds in used.items()}
-    for name, micros in per_request.items():
-        print(f"{name}: {micros:.0f} µs of proxy CPU per request")
-    mine, theirs = per_request.values()
-    print(f"ratio (this checkout / the other): {mine / theirs:.2f}")
+    figures = {
+        name: (
+            used[name] / requests * 1e6,
+            percentile(latencies[name], 0.5) * 1e3,
+            percentile(latencies[name], 0.99) * 1e3,
+        )
+        for name in sources
+    }
+    for name, (cpu, p50, p99) in figures.items():
+        print(f"{name}: {cpu:.0f} µs of proxy CPU per request; latency p50 {p50:.3f} ms, "
+              f"p99 {p99:.3f} ms")  # fmt: skip
+    mine, theirs = figures.values()
+    ratios = ", ".join(f"{m / t:.2f}" for m, t in zip(mine, theirs, strict=True))
+    print(f"ratios (this checkout / the other), CPU, p50, p99: {ratios}")
 
 
 def main() -> None:

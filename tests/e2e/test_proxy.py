@@ -118,14 +118,26 @@ async def test_failed_start_answers_502_with_the_output_tail(proxy_factory: Star
     assert record["queue_wait_ms"] is not None
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/chat/completions", chat("alpha")),
+        ("GET", "/upstream/alpha/health", None),
+        ("POST", "/upstream/alpha/v1/chat/completions", chat("alpha")),
+    ],
+)
 async def test_disconnect_while_queued_never_starts_the_model(
-    proxy_factory: StartProxy, nursery: trio.Nursery
+    proxy_factory: StartProxy,
+    nursery: trio.Nursery,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
 ) -> None:
     proxy = await proxy_factory(TWO_MODELS)
     async with proxy.client() as client:
         with trio.fail_after(30):
-            body = chat("beta", stream=True, max_tokens=40)  # about a second of streaming
-            async with client.stream("POST", "/v1/chat/completions", json=body) as busy:
+            long = chat("beta", stream=True, max_tokens=40)  # about a second of streaming
+            async with client.stream("POST", "/v1/chat/completions", json=long) as busy:
                 assert busy.status_code == 200
                 mark = len(proxy.output.lines)
                 with trio.CancelScope() as waiting:
@@ -137,7 +149,7 @@ async def test_disconnect_while_queued_never_starts_the_model(
                         waiting.cancel()
 
                     nursery.start_soon(leave_once_queued)
-                    await client.post("/v1/chat/completions", json=chat("alpha"))
+                    await client.request(method, path, json=body)
                 assert waiting.cancelled_caught
                 async for _ in busy.aiter_bytes():
                     pass

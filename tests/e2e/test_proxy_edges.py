@@ -119,6 +119,26 @@ async def test_upstream_passthrough_with_slashes_in_ids(proxy_factory: StartProx
             assert spaced.json()["error"]["message"] == "no route for GET /a b?"
 
 
+async def test_upstream_streams_large_and_chunked_bodies_through(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    padding = "x" * (300 * 1024)  # over the size read before queueing: streamed instead
+    large = json.dumps(chat("m", padding=padding)).encode()
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for start in range(0, len(large), 64 * 1024):
+            yield large[start : start + 64 * 1024]
+
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            sized = await client.post("/upstream/m/v1/chat/completions", content=large)
+            streamed = await client.post("/upstream/m/v1/chat/completions", content=chunked())
+    for response in (sized, streamed):
+        assert response.status_code == 200
+        assert response.json()["usage"]["prompt_tokens"] > 0
+
+
 async def test_multipart_routes_and_upstream_errors_pass_through(
     proxy_factory: StartProxy,
 ) -> None:

@@ -1,0 +1,77 @@
+"""The forwarder against its ASGI server's habits, driven in-process.
+
+The router runs fake processes; the upstream is a real socket (a scripted h11 server), and
+the ASGI ``receive``/``send`` pair plays hypercorn, so a test can do exactly what
+hypercorn does at a chosen moment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from llamaswap.config.model import Config, ModelConfig
+from llamaswap.proxy import UpstreamPool, create_app
+from llamaswap.router import Router
+from tests.e2e.test_upstream_pool import serve_forever, start_server
+from tests.fakes import FakeProbe, FakeSpawner
+
+
+def http_scope(method: str, path: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"llamaswap")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+        "extensions": {},
+    }
+
+
+async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
+    nursery: trio.Nursery,
+) -> None:
+    """Once the last byte is out, hypercorn reports the stream closed as ``http.disconnect``
+    while it is still inside ``send``, tidying up (its keep-alive timer). That must not
+    cancel the request task there: it is not a client leaving."""
+    server = await start_server(nursery, serve_forever)
+    config = Config(models={"m": ModelConfig(cmd=("server",), proxy=server.url)})
+    spawner = FakeSpawner(nursery)
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
+    await nursery.start(router.run)
+    to_app, from_server = trio.open_memory_channel[dict[str, Any]](10)
+    await to_app.send({"type": "http.request", "body": b"", "more_body": False})
+    sent: list[dict[str, Any]] = []
+    interrupted: list[str] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            await to_app.send({"type": "http.disconnect"})
+            try:  # hypercorn's bookkeeping after the last byte: a few checkpoints
+                for _ in range(3):
+                    await trio.lowlevel.checkpoint()
+            except trio.Cancelled:
+                interrupted.append("cancelled inside send")
+                raise
+
+    async with UpstreamPool() as pool:
+        app = create_app(config, router, pool)
+        with trio.fail_after(10):
+            await app(http_scope("GET", "/upstream/m/ping"), from_server.receive, send)  # type: ignore[arg-type]
+    assert [(m["type"], m.get("status")) for m in sent] == [
+        ("http.response.start", 200),
+        ("http.response.body", None),
+    ]
+    assert sent[1]["body"] == b"/ping"
+    assert interrupted == []
+    (record,) = app.forwarder._recorder.activity.recent(10, None)
+    assert (record.status, record.error) == (200, None)
