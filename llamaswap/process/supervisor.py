@@ -247,6 +247,17 @@ class ModelSupervisor:
             self._finish(run)
 
     async def _spawn(self, run: _Run) -> ProcessHandle | None:
+        url = self.config.health_url
+        if url is not None and await self._probe(url):
+            # Someone else's server (another llamaswap with the same startPort, a leftover
+            # process) would pass for ours, and answer our requests: refuse to start.
+            run.output_closed.set()
+            reason = (
+                f"{url} answers before the model was started: another process holds its "
+                f"port; stop it, or change startPort or models.{self.model_id}.proxy"
+            )
+            self._fail(run, ModelStartFailed(self.model_id, reason))
+            return None
         try:
             process = await self._spawner.spawn(self.config.cmd, self._env)
         except OSError as exc:

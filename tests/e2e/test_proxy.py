@@ -13,6 +13,7 @@ import trio
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import FAKE, alive, free_port_base, survivors, wait_until
+from tests.e2e.test_fake_server import fake_server, wait_healthy
 
 
 def config(models: str, **top: object) -> str:
@@ -116,6 +117,30 @@ async def test_failed_start_answers_502_with_the_output_tail(proxy_factory: Star
         (record,) = (await client.get("/api/activity")).json()["activity"]
     assert (record["status"], record["scheduler"], record["model"]) == (502, "fifo", "broken")
     assert record["queue_wait_ms"] is not None
+
+
+async def test_a_port_another_server_holds_fails_the_start_instead_of_using_it(
+    proxy_factory: StartProxy,
+) -> None:
+    async with fake_server("--model-name", "squatter") as squatter:
+        url = f"http://127.0.0.1:{squatter.port}"
+        async with httpx.AsyncClient() as direct:
+            with trio.fail_after(30):
+                await wait_healthy(direct, url)
+        model = (
+            f'[models.m]\ncmd = "python -m llamaswap.fake_server --port {squatter.port}"\n'
+            f'proxy = "{url}"'
+        )
+        proxy = await proxy_factory(config(model))
+        async with proxy.client() as client:
+            with trio.fail_after(30):
+                response = await client.post("/v1/chat/completions", json=chat("m"))
+        assert response.status_code == 502
+        message = response.json()["error"]["message"]
+        assert f"{url}/health answers before the model was started" in message
+        assert "change startPort or models.m.proxy" in message
+        assert "model 'm': started pid" not in proxy.output.text()
+        assert squatter.process.returncode is None  # not ours to stop
 
 
 @pytest.mark.parametrize(
