@@ -6,7 +6,8 @@ Task tree::
     ├── open_lifeline                   guard process: models die with llamaswap
     ├── Router.run                      supervisors (one task per model) + swap nursery
     ├── hypercorn.trio.serve            one task per connection, the Application per request
-    └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3)
+    └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3);
+                                        SIGHUP → logged, the running config stays
 
 Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
 to ``unloadTimeout`` to finish, stop every model (polite, then SIGKILL), return.
@@ -68,7 +69,7 @@ async def serve(
         app = create_app(config, router, pool)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             binds = await nursery.start(
                 partial(
                     hypercorn.trio.serve,
@@ -82,6 +83,14 @@ async def serve(
                 nursery.start_soon(router.load, config.resolve(model) or model)
             task_status.started(url)
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    # SPEC §3.7 reloads here; until that exists, the running config stays
+                    # (as for an invalid file), rather than SIGHUP's default: dying.
+                    logger.warning(
+                        "received SIGHUP: reloading the config is not implemented yet; "
+                        "the running config stays (restart llamaswap to apply changes)"
+                    )
+                    continue
                 logger.info("received %s: shutting down", signal.Signals(signum).name)
                 break
         stop_accepting.set()
