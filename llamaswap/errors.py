@@ -132,7 +132,8 @@ class ConcurrencyLimit(RequestError):
 
 
 class ModelStartFailed(RequestError):
-    """The model server did not become ready: it exited, or ``healthCheckTimeout`` passed."""
+    """The model server did not become ready: it exited, ``healthCheckTimeout`` passed, or
+    another process already answered on its port."""
 
     def __init__(
         self,
@@ -141,6 +142,7 @@ class ModelStartFailed(RequestError):
         *,
         log_tail: Sequence[str] = (),
         exit_code: int | None = None,
+        hint: str | None = None,
     ) -> None:
         self.model = model
         self.reason = reason
@@ -149,7 +151,7 @@ class ModelStartFailed(RequestError):
         message = f"model {model!r} failed to start: {reason}"
         if self.log_tail:
             message += " (last output: " + " | ".join(self.log_tail) + ")"
-        super().__init__(f"{message}; check models.{model}.cmd")
+        super().__init__(f"{message}; {hint or f'check models.{model}.cmd'}")
 
 
 class UpstreamError(RequestError):

@@ -252,11 +252,9 @@ class ModelSupervisor:
             # Someone else's server (another llamaswap with the same startPort, a leftover
             # process) would pass for ours, and answer our requests: refuse to start.
             run.output_closed.set()
-            reason = (
-                f"{url} answers before the model was started: another process holds its "
-                f"port; stop it, or change startPort or models.{self.model_id}.proxy"
-            )
-            self._fail(run, ModelStartFailed(self.model_id, reason))
+            reason = f"{url} answers before the model was started: another process holds its port"
+            hint = f"stop that process, or change startPort or models.{self.model_id}.proxy"
+            self._fail(run, ModelStartFailed(self.model_id, reason, hint=hint))
             return None
         try:
             process = await self._spawner.spawn(self.config.cmd, self._env)

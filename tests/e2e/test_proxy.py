@@ -138,7 +138,7 @@ async def test_a_port_another_server_holds_fails_the_start_instead_of_using_it(
         assert response.status_code == 502
         message = response.json()["error"]["message"]
         assert f"{url}/health answers before the model was started" in message
-        assert "change startPort or models.m.proxy" in message
+        assert message.endswith("; stop that process, or change startPort or models.m.proxy")
         assert "model 'm': started pid" not in proxy.output.text()
         assert squatter.process.returncode is None  # not ours to stop
 
