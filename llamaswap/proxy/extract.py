@@ -2,7 +2,9 @@
 
 Inference routes name their model in the JSON body, in a multipart form field, or in
 the query string (SPEC §4.1). ``useModelName`` and ``filters`` rewrite the JSON body;
-when nothing changes, the original bytes are forwarded untouched.
+when nothing changes, the original bytes are forwarded untouched. A JSON body is parsed
+once per request (``Payload``), however many questions are asked of it: a prompt with
+images can be megabytes.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, final
 from urllib.parse import parse_qsl, urlencode
 
+import attrs
 from werkzeug.sansio.multipart import (
     Data,
     Epilogue,
@@ -26,7 +29,7 @@ from werkzeug.sansio.multipart import (
 from llamaswap.config.model import FilterConfig
 from llamaswap.errors import BadRequest
 
-__all__ = ["ModelIn", "read_model", "rewrite_body", "rewrite_query"]
+__all__ = ["ModelIn", "Payload", "read_model", "rewrite_body", "rewrite_query"]
 
 
 class ModelIn(enum.Enum):
@@ -35,7 +38,23 @@ class ModelIn(enum.Enum):
     QUERY = "query"
 
 
-def read_model(where: ModelIn, body: bytes, content_type: str, query: bytes) -> str:
+@final
+@attrs.define(eq=False)
+class Payload:
+    """A request body read into memory; its JSON document is parsed on first use only."""
+
+    raw: bytes
+    content_type: str
+    _document: dict[str, Any] | None = None
+
+    def json(self) -> dict[str, Any]:
+        """The body as a JSON object. Raises BadRequest if it is not one."""
+        if self._document is None:
+            self._document = _json_object(self.raw)
+        return self._document
+
+
+def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
     """The model named by the request.
 
     Raises:
@@ -44,9 +63,9 @@ def read_model(where: ModelIn, body: bytes, content_type: str, query: bytes) -> 
     if where is ModelIn.QUERY:
         model = dict(parse_qsl(query.decode("latin-1"))).get("model")
     elif where is ModelIn.JSON:
-        model = _json_object(body).get("model")
+        model = payload.json().get("model")
     else:
-        model = _form_fields(body, content_type).get("model")
+        model = _form_fields(payload.raw, payload.content_type).get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("the request names no model: set the 'model' field", param="model")
     return model
@@ -54,18 +73,17 @@ def read_model(where: ModelIn, body: bytes, content_type: str, query: bytes) -> 
 
 def rewrite_body(
     where: ModelIn,
-    body: bytes,
-    content_type: str,
+    payload: Payload,
     *,
     model: str | None,
     filters: FilterConfig | None = None,
-) -> bytes:
-    """``body`` with ``model`` set (unless ``None``) and the filters applied."""
+) -> Payload:
+    """``payload`` with ``model`` set (unless ``None``) and the filters applied."""
     filters = filters or FilterConfig()
     if where is ModelIn.JSON:
         if model is None and not filters.strip_params and not filters.set_params:
-            return body
-        document = _json_object(body)
+            return payload
+        document = dict(payload.json())  # only top-level keys change
         for key in filters.strip_params:
             if key != "model":
                 document.pop(key, None)
@@ -74,10 +92,12 @@ def rewrite_body(
                 document[key] = value
         if model is not None:
             document["model"] = model
-        return json.dumps(document, separators=(",", ":")).encode()
+        raw = json.dumps(document, separators=(",", ":")).encode()
+        return Payload(raw, payload.content_type, document)
     if where is ModelIn.MULTIPART and model is not None:
-        return _replace_form_field(body, content_type, "model", model)
-    return body
+        raw = _replace_form_field(payload.raw, payload.content_type, "model", model)
+        return Payload(raw, payload.content_type)
+    return payload
 
 
 def rewrite_query(query: bytes, model: str) -> bytes:

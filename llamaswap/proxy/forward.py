@@ -16,7 +16,6 @@ stops generating).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -50,7 +49,7 @@ from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
-from .extract import ModelIn, read_model, rewrite_body, rewrite_query
+from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
 from .upstream import UpstreamFailed, UpstreamPool, UpstreamResponse
 
@@ -309,36 +308,31 @@ class Forwarder:
             # large or chunked one streams through once the model is ready.
             small = declared.isdigit() and int(declared) <= SMALL_BODY
             streamed = "transfer-encoding" in headers or (bool(declared) and not small)
-            payload = None if streamed else await body.read()
+            payload = None if streamed else Payload(await body.read(), content_type)
         else:
-            payload = await body.read()
-            name = read_model(route.model_in, payload, content_type, query)
+            payload = Payload(await body.read(), content_type)
+            name = read_model(route.model_in, payload, query)
             exchange.metadata["requested_model"] = name
             target = self._names.resolve(name)
             path = scope["path"]
+        rename: str | None  # the model name the upstream knows, if not the client's
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
-            if payload is not None and route.model_in is not None:
-                payload = rewrite_body(route.model_in, payload, content_type, model=target.model)
-                if route.model_in is ModelIn.QUERY:
-                    query = rewrite_query(query, target.model)
-            upstream = _Upstream(target.config.proxy, path, query, payload, _peer_auth(target))
+            base, rename, filters = target.config.proxy, target.model, None
+        else:
+            exchange.model = target.model_id
+            model = self._config.models[target.model_id]
+            base, rename, filters = model.proxy, model.use_model_name, model.filters
+        if payload is not None and route.model_in is not None:
+            payload = rewrite_body(route.model_in, payload, model=rename, filters=filters)
+            if route.model_in is ModelIn.QUERY and rename:
+                query = rewrite_query(query, rename)
+        if isinstance(target, Peer):
+            upstream = _Upstream(base, path, query, payload, _peer_auth(target))
             await self._forward(exchange, scope, upstream, body, reply)
             return
-        exchange.model = target.model_id
-        model = self._config.models[target.model_id]
-        if payload is not None and route.model_in is not None:
-            payload = rewrite_body(
-                route.model_in,
-                payload,
-                content_type,
-                model=model.use_model_name,
-                filters=model.filters,
-            )
-            if route.model_in is ModelIn.QUERY and model.use_model_name:
-                query = rewrite_query(query, model.use_model_name)
-        upstream = _Upstream(model.proxy, path, query, payload, [])
+        upstream = _Upstream(base, path, query, payload, [])
         while_waiting = None
         if model.send_loading_state and _streaming_chat(route, scope, payload):
             exchange.metadata["loading_state"] = True
@@ -376,10 +370,12 @@ class Forwarder:
             scope, strip_auth=bool(self._config.api_keys or upstream.extra_headers)
         )
         headers.extend(upstream.extra_headers)
-        content: bytes | AsyncIterator[bytes] | None = upstream.payload
-        if content is None:
+        content: bytes | AsyncIterator[bytes] | None
+        if upstream.payload is None:
             content = body.chunks()
-        elif not content and not _has_body(scope):
+        elif upstream.payload.raw or _has_body(scope):
+            content = upstream.payload.raw
+        else:
             content = None  # no body at all (a GET), as the client sent it
         path = upstream.path
         if upstream.query:
@@ -427,17 +423,14 @@ class _Upstream:
     base: str  # the model's or peer's `proxy` URL
     path: str  # percent-encoded, without the query
     query: bytes
-    payload: bytes | None  # None: stream the client's body through
+    payload: Payload | None  # None: stream the client's body through
     extra_headers: list[tuple[bytes, bytes]]
 
 
-def _streaming_chat(route: Route, scope: HTTPScope, payload: bytes | None) -> bool:
+def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> bool:
     if scope["path"] != "/v1/chat/completions" or payload is None:
         return False
-    try:
-        return json.loads(payload).get("stream") is True
-    except ValueError:
-        return False
+    return payload.json().get("stream") is True
 
 
 def _header_map(scope: HTTPScope) -> dict[str, str]:

@@ -23,7 +23,7 @@ from llamaswap.errors import (
 )
 from llamaswap.proxy.auth import authorized, presented_key
 from llamaswap.proxy.errors import error_response
-from llamaswap.proxy.extract import ModelIn, read_model, rewrite_body, rewrite_query
+from llamaswap.proxy.extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from llamaswap.proxy.upstream import UpstreamFailed, _origin
 from llamaswap.router.names import Local, Names, Peer
 
@@ -36,9 +36,11 @@ FORM_BODY = (
 
 
 def test_model_from_json_multipart_and_query() -> None:
-    assert read_model(ModelIn.JSON, b'{"model": "chat"}', "application/json", b"") == "chat"
-    assert read_model(ModelIn.MULTIPART, FORM_BODY, FORM, b"") == "whisper"
-    assert read_model(ModelIn.QUERY, b"", "", b"x=1&model=org%2Fm") == "org/m"
+    assert (
+        read_model(ModelIn.JSON, Payload(b'{"model": "chat"}', "application/json"), b"") == "chat"
+    )
+    assert read_model(ModelIn.MULTIPART, Payload(FORM_BODY, FORM), b"") == "whisper"
+    assert read_model(ModelIn.QUERY, Payload(b"", ""), b"x=1&model=org%2Fm") == "org/m"
 
 
 @pytest.mark.parametrize(
@@ -54,17 +56,17 @@ def test_model_from_json_multipart_and_query() -> None:
 )
 def test_bad_json_bodies_are_400(body: bytes, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
-        read_model(ModelIn.JSON, body, "application/json", b"")
+        read_model(ModelIn.JSON, Payload(body, "application/json"), b"")
 
 
 def test_multipart_without_boundary_is_400() -> None:
     with pytest.raises(BadRequest, match="boundary"):
-        read_model(ModelIn.MULTIPART, FORM_BODY, "multipart/form-data", b"")
+        read_model(ModelIn.MULTIPART, Payload(FORM_BODY, "multipart/form-data"), b"")
 
 
 def test_unchanged_json_is_forwarded_byte_for_byte() -> None:
-    body = b'{"model":  "chat", "x": 1}'
-    assert rewrite_body(ModelIn.JSON, body, "application/json", model=None) is body
+    payload = Payload(b'{"model":  "chat", "x": 1}', "application/json")
+    assert rewrite_body(ModelIn.JSON, payload, model=None) is payload
 
 
 def test_use_model_name_and_filters_rewrite_json() -> None:
@@ -72,16 +74,17 @@ def test_use_model_name_and_filters_rewrite_json() -> None:
     filters = FilterConfig(
         strip_params=("temperature", "model"), set_params={"top_k": 40, "model": "no"}
     )
-    rewritten = json.loads(
-        rewrite_body(ModelIn.JSON, body, "application/json", model="qwen:7b", filters=filters)
-    )
-    assert rewritten == {"model": "qwen:7b", "top_k": 40, "stream": True}
+    payload = Payload(body, "application/json")
+    rewritten = rewrite_body(ModelIn.JSON, payload, model="qwen:7b", filters=filters)
+    assert json.loads(rewritten.raw) == {"model": "qwen:7b", "top_k": 40, "stream": True}
+    assert rewritten.json() == json.loads(rewritten.raw)
+    assert payload.json()["temperature"] == 2  # the client's document is left as it was
 
 
 def test_use_model_name_rewrites_multipart_and_query() -> None:
-    rewritten = rewrite_body(ModelIn.MULTIPART, FORM_BODY, FORM, model="whisper-large-v3")
-    assert read_model(ModelIn.MULTIPART, rewritten, FORM, b"") == "whisper-large-v3"
-    assert b"RIFF...." in rewritten
+    rewritten = rewrite_body(ModelIn.MULTIPART, Payload(FORM_BODY, FORM), model="whisper-large-v3")
+    assert read_model(ModelIn.MULTIPART, rewritten, b"") == "whisper-large-v3"
+    assert b"RIFF...." in rewritten.raw
     assert rewrite_query(b"model=a&voice=b", "c") == b"model=c&voice=b"
 
 
