@@ -20,13 +20,11 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from .model import DEFAULT_PROXY
+from .model import DEFAULT_PROXY, DEFAULT_START_PORT
 from .paths import Path, Problem, did_you_mean, format_path
 from .values import describe
 
-__all__ = ["DEFAULT_START_PORT", "expand_macros"]
-
-DEFAULT_START_PORT = 5800
+__all__ = ["expand_macros"]
 _BUILTINS = ("PORT", "MODEL_ID", "PID")
 _REF = re.compile(r"\$\{([^}]*)\}")
 _MACRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")

@@ -38,7 +38,10 @@ __all__ = [
 ]
 
 DEFAULT_PROXY = "http://127.0.0.1:${PORT}"
+DEFAULT_START_PORT = 5800
 CHECK_NONE = "none"
+#: ``swapAffinityBonus`` stays below a band's width (100), so affinity never crosses a band.
+MAX_SWAP_AFFINITY_BONUS = 99
 
 
 def key(name: str) -> dict[str, str]:
@@ -183,7 +186,7 @@ class Config:
     models: Mapping[str, ModelConfig] = attrs.field(factory=dict)
     health_check_timeout: float = 120.0
     log_level: LogLevel = LogLevel.INFO
-    start_port: int = 5800
+    start_port: int = DEFAULT_START_PORT
     global_ttl: float = attrs.field(default=0.0, metadata=key("globalTTL"))
     unload_timeout: float = 10.0
     api_keys: tuple[str, ...] = ()

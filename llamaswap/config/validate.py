@@ -13,12 +13,11 @@ from collections.abc import Collection, Mapping, Sequence
 import attrs
 
 from .matrix_expr import check_sets
-from .model import CHECK_NONE, Config
+from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config
 from .paths import Path, Problem, format_path, suggestion
 
-__all__ = ["MAX_SWAP_AFFINITY_BONUS", "validate"]
+__all__ = ["validate"]
 
-MAX_SWAP_AFFINITY_BONUS = 99
 _GROUPS: Path = ("routing", "router", "settings", "groups")
 _MATRIX: Path = ("routing", "router", "settings", "matrix")
 _SERIAL: Path = ("routing", "scheduler", "settings", "serial")
@@ -212,7 +211,7 @@ def _cap_bonus(config: Config, problems: list[Problem]) -> Config:
                 f"expected 0 or more, got {serial.swap_affinity_bonus!r}",
             )
         )
-    if config.routing.scheduler.settings.serial.swap_affinity_bonus <= MAX_SWAP_AFFINITY_BONUS:
+    if serial.swap_affinity_bonus <= MAX_SWAP_AFFINITY_BONUS:
         return config
     logger.warning(
         "%s = %d is above %d; using %d",

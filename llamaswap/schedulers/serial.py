@@ -56,6 +56,7 @@ from typing import final
 
 import attrs
 
+from llamaswap.config.model import MAX_SWAP_AFFINITY_BONUS
 from llamaswap.errors import ModelUnloaded, RequestError
 from llamaswap.process.state import ModelState
 
@@ -63,10 +64,7 @@ from .base import Effects, SchedulerStatistics, Swap, Swapper, Ticket, TicketSta
 from .ledger import Ledger
 from .waitqueue import PriorityWaitQueue
 
-__all__ = ["AFFINITY_CAP", "SerialScheduler"]
-
-#: Affinity never reaches a full band (100): it reorders within a band, never across.
-AFFINITY_CAP = 99
+__all__ = ["SerialScheduler"]
 
 _NS = 1_000_000_000
 
@@ -117,7 +115,7 @@ class SerialScheduler:
         self._effects = effects
         self._divisor = aging_divisor
         self._divisor_ns = _ns(aging_divisor)
-        self._bonus = min(swap_affinity_bonus, AFFINITY_CAP)
+        self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
         self._lanes: dict[str, _Lane] = collections.defaultdict(_Lane)
         self._waiting = 0
         self._holder: Ticket | None = None
