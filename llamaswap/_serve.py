@@ -25,6 +25,7 @@ import hypercorn.trio
 import trio
 
 from llamaswap.config.model import Config
+from llamaswap.errors import RequestError
 from llamaswap.process import HttpProbe, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
@@ -46,6 +47,14 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
     settings.h11_max_incomplete_size = 64 * 1024
     return settings
+
+
+async def _preload(router: Router, model: str) -> None:
+    """Load ``model`` at startup. A failure is logged, not fatal: requests try again."""
+    try:
+        await router.load(model)
+    except RequestError as exc:
+        logger.warning("preloading %r failed: %s", model, exc)
 
 
 async def serve(
@@ -80,7 +89,7 @@ async def serve(
             )
             url = binds[0]
             for model in config.hooks.on_startup.preload:
-                nursery.start_soon(router.load, config.resolve(model) or model)
+                nursery.start_soon(_preload, router, config.resolve(model) or model)
             task_status.started(url)
             async for signum in signals:
                 if signum == signal.SIGHUP:

@@ -164,3 +164,20 @@ async def test_preload_hook_loads_at_startup(proxy_factory: StartProxy) -> None:
         with trio.fail_after(30):
             loaded = await client.post("/api/models/load/m")
             assert loaded.json() == {"model": "m", "state": "ready"}
+
+
+async def test_a_preload_that_fails_is_logged_and_the_proxy_keeps_serving(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(
+        config(
+            '[models.broken]\ncmd = "${fake} --fail-start"\n[models.m]\ncmd = "${fake}"\n'
+            '[hooks.on_startup]\npreload = ["broken"]'
+        )
+    )
+    await proxy.output.wait_for(r"preloading 'broken' failed: model 'broken' failed to start")
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            answer = await client.post("/v1/chat/completions", json=chat("m"))
+            assert answer.status_code == 200
+    assert await proxy.terminate() == 0
