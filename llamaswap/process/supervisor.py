@@ -123,14 +123,16 @@ class ModelSupervisor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise until cancelled; cancelling stops the process (polite, then SIGKILL)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._expire_idle)
-            task_status.started()
-            try:
+        # Cleared only once every run is over: a run unwinding from a cancellation may
+        # still start its output reader (a spawn cannot be interrupted mid-way).
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._expire_idle)
+                task_status.started()
                 await trio.sleep_forever()
-            finally:
-                self._nursery = None
+        finally:
+            self._nursery = None
 
     @property
     def state(self) -> ModelState:

@@ -84,13 +84,15 @@ class Router:
         async with trio.open_nursery() as nursery:
             for supervisor in self.supervisors.values():
                 await nursery.start(supervisor.run)
-            async with trio.open_nursery() as swaps:
-                self._swap_nursery = swaps
-                task_status.started()
-                try:
+            # Cleared only once the swaps are over: while they unwind, the scheduler may
+            # still start one (it is cancelled at once, and reports back like any other).
+            try:
+                async with trio.open_nursery() as swaps:
+                    self._swap_nursery = swaps
+                    task_status.started()
                     await trio.sleep_forever()
-                finally:
-                    self._swap_nursery = None
+            finally:
+                self._swap_nursery = None
 
     # --------------------------------------------------------------- requests
 
@@ -227,7 +229,9 @@ class Router:
     # ---------------------------------------------------------------- private
 
     async def _swap(self, swap: Swap, scope: trio.CancelScope) -> None:
-        error: RequestError | None = None
+        # Ready is the one way to succeed: however else this ends (its scope or an outer
+        # one cancelled, an unexpected error), the waiters must not be granted.
+        error: RequestError | None = ModelUnloaded(swap.target, "load cancelled")
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
@@ -235,8 +239,7 @@ class Router:
                         reason = f"evicted for {swap.target!r}"
                         nursery.start_soon(self.supervisors[model].stop, reason)
                 await self.supervisors[swap.target].ensure_ready()
-            if scope.cancelled_caught:
-                error = ModelUnloaded(swap.target, "load cancelled")
+                error = None
         except RequestError as exc:
             error = exc
         finally:

@@ -125,6 +125,25 @@ async def test_abandoned_load_kills_the_starting_process(
     assert router.scheduler.statistics().swaps == ()
 
 
+async def test_a_load_cut_short_by_the_router_stopping_grants_nobody(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """Not the swap's own scope but an outer one (the router torn down) ends the load."""
+    spawner.script = Script(healthy_after=100.0)
+    failures: list[RequestError] = []
+    with trio.CancelScope() as router_scope:
+        async with trio.open_nursery() as inner:
+            router = await start_router(inner, spawner, recorder, a=model(1))
+            nursery.start_soon(record_failure, router, "a", failures)
+            await recorder.wait_for(S.STARTING, "a")
+            router_scope.cancel()
+    await trio.testing.wait_all_tasks_blocked()
+    assert [type(f) for f in failures] == [ModelUnloaded]
+
+
 async def test_load_goes_on_while_another_request_wants_it(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,
