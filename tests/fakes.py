@@ -112,6 +112,7 @@ class FakeSpawner:
         for process in self.processes:
             if str(process.pid) in argv:
                 process.exit(0)
+                sink(f"stopped {process.pid}")
         return 0
 
     @property

@@ -59,6 +59,9 @@ async def open_lifeline() -> AsyncIterator[Lifeline]:
         guard = await trio.lowlevel.open_process(
             [sys.executable, "-I", "-S", _GUARD], stdin=read_fd, start_new_session=True
         )
+    except BaseException:
+        os.close(write_fd)
+        raise
     finally:
         os.close(read_fd)
     try:

@@ -226,7 +226,6 @@ class ModelSupervisor:
             return
         run.stop_reason = reason
         self._set_state(ModelState.STOPPING)
-        self._set_idle_deadline(math.inf)
         logger.info("model %r: stopping (%s)", self.model_id, reason)
         run.scope.cancel(reason=f"model {self.model_id!r}: {reason}")
 
@@ -253,7 +252,6 @@ class ModelSupervisor:
         if url is not None and await self._probe(url):
             # Someone else's server (another llamaswap with the same startPort, a leftover
             # process) would pass for ours, and answer our requests: refuse to start.
-            run.output_closed.set()
             reason = f"{url} answers before the model was started: another process holds its port"
             hint = f"stop that process, or change startPort or models.{self.model_id}.proxy"
             self._fail(run, ModelStartFailed(self.model_id, reason, hint=hint))
@@ -261,7 +259,6 @@ class ModelSupervisor:
         try:
             process = await self._spawner.spawn(self.config.cmd, self._env)
         except OSError as exc:
-            run.output_closed.set()
             reason = f"cannot run {self.config.cmd[0]!r}: {exc.strerror or exc}"
             self._fail(run, ModelStartFailed(self.model_id, reason))
             return None
@@ -304,15 +301,18 @@ class ModelSupervisor:
         run.settled.set()
         run.stopped.set()
 
-    async def _capture_output(self, run: _Run, process: ProcessHandle) -> None:
-        prefix = f"[{self.model_id}] "
+    def _sink(self, prefix: str) -> Callable[[str], None]:
+        """Where a line of output goes: the model's log, and llamaswap's at debug level."""
 
         def sink(line: str) -> None:
-            self.log.append(trio.current_time(), line)
-            logger.debug("%s%s", prefix, line)
+            self.log.append(trio.current_time(), prefix + line)
+            logger.debug("[%s] %s%s", self.model_id, prefix, line)
 
+        return sink
+
+    async def _capture_output(self, run: _Run, process: ProcessHandle) -> None:
         try:
-            await process.pump_output(sink)
+            await process.pump_output(self._sink(""))
         finally:
             run.output_closed.set()
 
@@ -380,10 +380,7 @@ class ModelSupervisor:
             process.signal_group(signal.SIGTERM)
             return
         argv = [part.replace("${PID}", str(process.pid)) for part in self.config.cmd_stop]
-        prefix = f"[{self.model_id} cmdStop] "
-        await self._spawner.run(
-            argv, self._env, lambda line: self.log.append(trio.current_time(), prefix + line)
-        )
+        await self._spawner.run(argv, self._env, self._sink("cmdStop: "))
 
     # ------------------------------------------------------------------- TTL
 

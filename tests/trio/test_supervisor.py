@@ -196,6 +196,7 @@ async def test_cmd_stop_replaces_sigterm_with_pid(
     await supervisor.stop("unload requested")
     assert spawner.commands == [("docker", "stop", "--pid=1000", "1000")]
     assert spawner.last.signals == []
+    assert supervisor.log.tail(1) == ["cmdStop: stopped 1000"]  # its output, in the log
 
 
 async def test_cancelling_the_only_waiter_aborts_the_start(
