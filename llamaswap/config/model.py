@@ -39,6 +39,7 @@ __all__ = [
 
 DEFAULT_PROXY = "http://127.0.0.1:${PORT}"
 DEFAULT_START_PORT = 5800
+DEFAULT_CONCURRENCY_LIMIT = 10
 CHECK_NONE = "none"
 #: ``swapAffinityBonus`` stays below a band's width (100), so affinity never crosses a band.
 MAX_SWAP_AFFINITY_BONUS = 99
@@ -87,7 +88,7 @@ class ModelConfig:
     description: str | None = None
     unlisted: bool = False
     use_model_name: str | None = None
-    concurrency_limit: int = 10
+    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     send_loading_state: bool = False

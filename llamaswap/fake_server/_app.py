@@ -35,18 +35,18 @@ from ._content import (
 
 @attrs.frozen
 class Options:
-    """The command line, validated."""
+    """The command line, validated (``_cli.parse_args`` holds the defaults)."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    model_name: str = "fake"
-    load_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-    max_tokens: int = 16
-    fail_start: bool = False
-    crash_after_tokens: int | None = None
-    ignore_sigterm: bool = False
-    embedding_size: int = 8
+    host: str
+    port: int
+    model_name: str
+    load_seconds: float
+    tokens_per_second: float
+    max_tokens: int
+    fail_start: bool
+    crash_after_tokens: int | None
+    ignore_sigterm: bool
+    embedding_size: int
 
 
 def say(line: str) -> None:

@@ -22,6 +22,7 @@ from typing import final
 
 import attrs
 
+from llamaswap.config.model import DEFAULT_CONCURRENCY_LIMIT
 from llamaswap.errors import ConcurrencyLimit, RequestError
 from llamaswap.process.state import ModelState
 
@@ -67,7 +68,7 @@ class Ledger:
         """Count ``ticket`` in, or raise (429, or the shutdown error) before any byte."""
         if self.closed is not None:
             raise self.closed
-        limit = self.limits.get(ticket.model, 10)
+        limit = self.limits.get(ticket.model, DEFAULT_CONCURRENCY_LIMIT)
         if self.admitted[ticket.model] >= limit:
             raise ConcurrencyLimit(ticket.model, limit)
         self.admitted[ticket.model] += 1

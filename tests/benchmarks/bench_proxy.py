@@ -61,7 +61,6 @@ class Client:
     async def open(cls, url: str) -> Client:
         host, _, port = url.removeprefix("http://").partition(":")
         stream = await trio.open_tcp_stream(host, int(port))
-        stream.setsockopt(6, 1, 1)  # TCP_NODELAY, as real clients do
         return cls(stream, host)
 
     async def _send(self, event: h11.Event) -> None:
@@ -250,16 +249,9 @@ async def queued_memory(url: str, pid: int, waiting: int) -> tuple[float, int]:
     ).encode()
     queued_body = json.dumps({"model": "cold", "max_tokens": 1, "messages": []}).encode()
     answered = 0
-    peak = 0.0
     blocker = await Client.open(url)
     async with trio.open_nursery() as nursery:
-        blocker_done = trio.Event()
-
-        async def block() -> None:
-            await blocker.post("/v1/chat/completions", blocker_body)
-            blocker_done.set()
-
-        nursery.start_soon(block)
+        nursery.start_soon(blocker.post, "/v1/chat/completions", blocker_body)
         while await metric(url, 'llamaswap_in_flight_requests{model="hog"}') < 1:  # noqa: ASYNC110
             await trio.sleep(0.05)
 
