@@ -80,13 +80,8 @@ class FifoScheduler:
             self._drain()
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
-        if not self._ledger.finish_swap(swap):
+        if not self._ledger.finish_swap(swap, error):
             return
-        for ticket in swap.waiters:
-            if error is None:
-                self._ledger.grant(ticket)
-            else:
-                self._ledger.fail(ticket, error)
         if error is not None:
             self._fail_queued({swap.target}, error)
         self._drain()
@@ -129,19 +124,11 @@ class FifoScheduler:
 
     def _dispatch(self, ticket: Ticket) -> bool:
         """Serve, join or start a load for ``ticket``; False if it must wait."""
-        ledger = self._ledger
-        swap = ledger.swaps.get(ticket.model)
+        swap = self._ledger.swaps.get(ticket.model)
         if swap is not None:
-            ledger.join(ticket, swap)
+            self._ledger.join(ticket, swap)
             return True
-        plan = ledger.plan(ticket.model)
-        if plan.immediate:
-            ledger.grant(ticket)
-            return True
-        if plan.blocked:
-            return False
-        ledger.start_swap(ticket, plan.evict)
-        return True
+        return self._ledger.dispatch(ticket)
 
     def _drain(self) -> None:
         for ticket in self._queue.ordered():

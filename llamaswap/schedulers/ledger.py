@@ -134,6 +134,18 @@ class Ledger:
                 return True
         return False
 
+    def dispatch(self, ticket: Ticket) -> bool:
+        """Serve ``ticket`` now, or start the load it needs; False if a model it would
+        evict is busy (or another load collides) and it has to wait."""
+        plan = self.plan(ticket.model)
+        if plan.immediate:
+            self.grant(ticket)
+        elif plan.blocked:
+            return False
+        else:
+            self.start_swap(ticket, plan.evict)
+        return True
+
     def start_swap(self, ticket: Ticket, evict: frozenset[str]) -> Swap:
         swap = Swap(ticket.model, evict)
         self.swaps[ticket.model] = swap
@@ -159,11 +171,17 @@ class Ledger:
         self.effects.cancel_swap(swap, f"every request waiting for {swap.target!r} has left")
         return swap
 
-    def finish_swap(self, swap: Swap) -> bool:
-        """Forget a finished swap; False if it had already been cancelled or abandoned."""
+    def finish_swap(self, swap: Swap, error: RequestError | None) -> bool:
+        """Forget a finished swap and grant its waiters (or fail them with ``error``);
+        False if it had already been cancelled or abandoned, and nothing was done."""
         if self.swaps.get(swap.target) is not swap:
             return False
         del self.swaps[swap.target]
+        for ticket in swap.waiters:
+            if error is None:
+                self.grant(ticket)
+            else:
+                self.fail(ticket, error)
         return True
 
     def close(self, error: RequestError) -> None:

@@ -200,16 +200,11 @@ class SerialScheduler:
             self._holder = None
             self._fill_slot()
         elif self._holder is not None and self._holder.state is TicketState.QUEUED:
-            self._dispatch(self._holder)  # its swap waited for this model to drain
+            self._ledger.dispatch(self._holder)  # its swap waited for this model to drain
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
-        if not self._ledger.finish_swap(swap):
+        if not self._ledger.finish_swap(swap, error) or error is None:
             return
-        (holder,) = swap.waiters
-        if error is None:
-            self._ledger.grant(holder)
-            return
-        self._ledger.fail(holder, error)
         self._fail_queued({swap.target}, error)
         self._holder = None
         self._fill_slot()
@@ -332,17 +327,9 @@ class SerialScheduler:
             ticket.metadata["affinity"] = affinity[ticket.model]
             self._unqueue(ticket)
             self._holder = ticket
-            self._dispatch(ticket)
-
-    def _dispatch(self, ticket: Ticket) -> None:
-        """Serve the slot holder, or start its load (unless a model it evicts is busy)."""
-        ledger = self._ledger
-        plan = ledger.plan(ticket.model)
-        if plan.immediate:
-            ledger.grant(ticket)
-        elif not plan.blocked:
-            ledger.start_swap(ticket, plan.evict)
-        # else: it keeps the slot, QUEUED, until the busy model drains (on_serve_done).
+            # Served, or its load started; if a model it evicts is busy, it keeps the slot,
+            # QUEUED, until that model drains (on_serve_done).
+            self._ledger.dispatch(ticket)
 
     # ---------------------------------------------------------------- queues
 
