@@ -199,6 +199,11 @@ class ModelSupervisor:
         self._request_stop(run, reason)
         await run.stopped.wait()
 
+    def request_stop(self, reason: str) -> None:
+        """Begin stopping at once (the state is STOPPING on return); ``stop`` waits."""
+        if self._run is not None:
+            self._request_stop(self._run, reason)
+
     def begin_request(self) -> None:
         """A request is now in flight: the model must not be unloaded for idleness."""
         self._in_flight += 1

@@ -177,6 +177,10 @@ class Router:
         """
         targets = list(self.supervisors if models is None else models)
         self.scheduler.on_unload(targets)
+        # Now, not when the stop tasks first run: a request arriving in between would be
+        # granted a model about to be killed under it.
+        for model in targets:
+            self.supervisors[model].request_stop("unload requested")
         async with trio.open_nursery() as nursery:
             for model in targets:
                 nursery.start_soon(self.supervisors[model].stop, "unload requested")

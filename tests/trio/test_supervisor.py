@@ -365,3 +365,17 @@ async def test_cancelling_the_supervisor_stops_the_process(
     assert spawner.last.returncode == -signal.SIGKILL
     with pytest.raises(RuntimeError, match="supervisor is not running"):
         await supervisor.ensure_ready()
+
+
+async def test_request_stop_is_stopping_on_return_and_stop_waits_for_the_exit(
+    autojump_clock: trio.testing.MockClock, make: Factory, spawner: FakeSpawner
+) -> None:
+    supervisor = await make()
+    await supervisor.ensure_ready()
+    supervisor.request_stop("unload requested")
+    assert supervisor.state is ModelState.STOPPING  # no await in between: nobody is granted
+    await supervisor.stop("unload requested")
+    assert supervisor.statistics().state is ModelState.STOPPED
+    assert spawner.last.signals == [(trio.current_time(), signal.SIGTERM)]
+    supervisor.request_stop("again")  # nothing running: nothing to do
+    assert supervisor.statistics().state is ModelState.STOPPED
