@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -43,15 +42,14 @@ async def run(other: Path, requests: int) -> None:
     async with AsyncExitStack() as stack:
         proxies: list[tuple[str, int, Client]] = []
         for index, (name, source) in enumerate(sources.items()):
-            config = Path(tempfile.mkdtemp()) / "bench.toml"
-            config.write_text(CONFIG.format(port=free_port_base() + 100 * index))
-            url, pid, _ = await stack.enter_async_context(running_proxy(config, "info", source))
-            client = await Client.open(url)
+            config = CONFIG.format(port=free_port_base() + 100 * index)
+            proxy = await stack.enter_async_context(running_proxy(config, "info", source))
+            client = await Client.open(proxy.url)
             stack.push_async_callback(client.aclose)
             assert await client.post("/api/models/load/fast", b"") == 200
             for _ in range(300):  # warm up
                 assert await client.post("/v1/chat/completions", CHAT) == 200
-            proxies.append((name, pid, client))
+            proxies.append((name, proxy.process.pid, client))
         used = dict.fromkeys(sources, 0.0)
         latencies: dict[str, list[float]] = {name: [] for name in sources}
         for block in range(BLOCKS):

@@ -25,7 +25,6 @@ import os
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +39,14 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from llamaswap.config import load_config  # noqa: E402
-from tests.e2e.harness import LISTENING, Output, child_env, free_port_base  # noqa: E402
+from llamaswap.config import loads_config  # noqa: E402
+from tests.e2e.harness import (  # noqa: E402
+    Output,
+    ProxyProcess,
+    free_port_base,
+    start_proxy,
+    stop_proxy,
+)
 
 CHAT = json.dumps(
     {"model": "fast", "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
@@ -298,40 +303,30 @@ persistent = true
 
 @asynccontextmanager
 async def running_proxy(
-    config: Path, log_level: str, source: Path = REPO
-) -> AsyncIterator[tuple[str, int, Output]]:
-    """A llamaswap process (the one in ``source``) on ``config``: its URL, PID and output."""
-    argv = [sys.executable, "-m", "llamaswap", "--config", str(config)]
-    argv += ["--listen", "127.0.0.1:0", "--log-level", log_level]
-    env = child_env("bench")
-    env["PYTHONPATH"] = str(source)  # its models' `python -m llamaswap.fake_server` too
-    process = await trio.lowlevel.open_process(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=source
-    )
-    output = Output()
-    try:
-        async with trio.open_nursery() as nursery:
-            assert process.stdout is not None
-            nursery.start_soon(output.collect, process.stdout)
-            url = (await output.wait_for(LISTENING.pattern))["url"]
-            yield url, process.pid, output
-            process.terminate()
-            await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
+    config: str, log_level: str, source: Path = REPO
+) -> AsyncIterator[ProxyProcess]:
+    """A llamaswap process (the one in ``source``) on ``config`` (TOML text). On the way
+    out it is stopped, and nothing it started may survive (the e2e harness's checks)."""
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(
+            nursery, config, Path(tempfile.mkdtemp()), log_level=log_level, source=source
+        )
+        try:
+            yield proxy
+        finally:
+            await stop_proxy(proxy)
 
 
 async def run(quick: bool) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    config = Path(tempfile.mkdtemp()) / "bench.toml"
-    config.write_text(CONFIG.format(port=free_port_base()))
-    models = load_config(config).models
+    config = CONFIG.format(port=free_port_base())
+    models = loads_config(config).models
     direct = {m: models[m].proxy for m in ("fast", "paced")}
     results: list[tuple[str, str, str, str]] = []
     # Measured at the default log level (info), as llamaswap normally runs.
-    async with running_proxy(config, "info") as (url, pid, _):
+    async with running_proxy(config, "info") as proxy:
+        url, pid = proxy.url, proxy.process.pid
         client = await Client.open(url)
         for model in ("fast", "paced"):
             assert await client.post(f"/api/models/load/{model}", b"") == 200
@@ -381,8 +376,8 @@ async def run(quick: bool) -> None:
              f"{answered}/{waiting} answered 200")
         )  # fmt: skip
     # The servers' own "healthy at" stamps reach llamaswap's output at debug level.
-    async with running_proxy(config, "debug") as (url, _, output):
-        delays = await readiness(url, output, 3 if quick else 10)
+    async with running_proxy(config, "debug") as proxy:
+        delays = await readiness(proxy.url, proxy.output, 3 if quick else 10)
         results.append(
             ("readiness: healthy → first request", "-",
              f"median {statistics.median(delays) * 1000:.1f} ms",

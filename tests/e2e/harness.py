@@ -51,11 +51,12 @@ def _free(port: int) -> bool:
     return True
 
 
-def child_env(marker: str) -> dict[str, str]:
-    """The environment for processes under test: this interpreter's ``python`` first."""
+def child_env(marker: str, source: Path = REPO) -> dict[str, str]:
+    """The environment for processes under test: this interpreter's ``python`` first, and
+    llamaswap from ``source`` (this checkout unless another one is compared with it)."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     env[MARKER_VARIABLE] = marker
     env.pop("PYTHONWARNINGS", None)
     return env
@@ -153,9 +154,14 @@ class ProxyProcess:
 
 
 async def start_proxy(
-    nursery: trio.Nursery, config: str, tmp_path: Path, *, log_level: str = "debug"
+    nursery: trio.Nursery,
+    config: str,
+    tmp_path: Path,
+    *,
+    log_level: str = "debug",
+    source: Path = REPO,
 ) -> ProxyProcess:
-    """Start ``python -m llamaswap`` on ``config`` (TOML text) on a free port.
+    """Start ``python -m llamaswap`` (from ``source``) on ``config`` (TOML text), port 0.
 
     Its output is collected by a task in ``nursery``; ``stop_proxy`` cleans up.
     """
@@ -165,7 +171,11 @@ async def start_proxy(
     argv = [sys.executable, "-m", "llamaswap", "--config", str(path), "--listen", "127.0.0.1:0"]
     argv += ["--log-level", log_level]
     process = await trio.lowlevel.open_process(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(marker)
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=child_env(marker, source),
+        cwd=source,
     )
     output = Output()
     assert process.stdout is not None
