@@ -112,7 +112,6 @@ class SerialScheduler:
         swap_affinity_bonus: int = 10,
     ) -> None:
         self._ledger = Ledger(effects, swapper, limits)
-        self._effects = effects
         self._divisor = aging_divisor
         self._divisor_ns = _ns(aging_divisor)
         self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
@@ -136,7 +135,7 @@ class SerialScheduler:
     def affinity(self, model: str, running: set[str] | None = None) -> bool:
         """Whether requests for ``model`` get the affinity bonus now: it is ready and
         running it needs no eviction. ``running`` saves recomputing the running set."""
-        if not self._bonus or self._effects.model_state(model) is not ModelState.READY:
+        if not self._bonus or self._ledger.effects.model_state(model) is not ModelState.READY:
             return False
         return not self._ledger.evictions(model, running)
 
@@ -151,7 +150,7 @@ class SerialScheduler:
         """The score as the docs write it, in points (for logs and the activity log)."""
         aging = 0.0
         if self._divisor:
-            aging = (self._effects.now() - ticket.arrival) / self._divisor
+            aging = (self._ledger.effects.now() - ticket.arrival) / self._divisor
         bonus = self._bonus if affinity else 0
         try:
             return float(ticket.priority + bonus) + aging

@@ -78,20 +78,6 @@ class PriorityWaitQueue(Generic[T]):
         entry = self._surface()
         return None if entry is None else entry[2]
 
-    def peek_key(self) -> Any:
-        """The first item's key; the queue must not be empty."""
-        entry = self._surface()
-        assert entry is not None, "peek_key on an empty queue"
-        return entry[0]
-
-    def pop(self) -> T:
-        """Remove and return the first item; the queue must not be empty."""
-        entry = self._surface()
-        assert entry is not None, "pop from an empty queue"
-        heapq.heappop(self._heap)
-        del self._entries[entry[2]]
-        return entry[2]  # type: ignore[no-any-return]
-
     def ordered(self) -> list[T]:
         """Every item, first first. O(n log n): for drains and positions, not picks."""
         return [e[2] for e in sorted(self._entries.values())]

@@ -66,12 +66,13 @@ def test_priority_wait_queue_orders_and_removes() -> None:
         queue.push(item, key)
     assert len(queue) == 4
     assert queue.peek() == "a"
-    assert queue.peek_key() == 1
     assert queue.remove("a")
     assert not queue.remove("a")
     assert "a" not in queue
     assert queue.ordered() == ["a2", "b", "c"]  # ties: insertion order
-    assert queue.pop() == "a2"
+    assert queue.peek() == "a2"
+    assert queue.remove("a2")
+    assert queue.peek() == "b"
     assert sorted(queue) == ["b", "c"]
     with pytest.raises(ValueError, match="already queued"):
         queue.push("b", 0)
@@ -85,5 +86,6 @@ def test_priority_wait_queue_compacts_after_many_removals() -> None:
         queue.remove(i)
     assert len(queue) == 1
     assert len(queue._heap) < 200
-    assert queue.pop() == 999
+    assert queue.peek() == 999
+    assert queue.remove(999)
     assert queue.peek() is None
