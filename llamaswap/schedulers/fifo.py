@@ -131,9 +131,16 @@ class FifoScheduler:
         return self._ledger.dispatch(ticket)
 
     def _drain(self) -> None:
+        # A dispatch only adds load (a grant, a load started), so a model found blocked
+        # stays blocked for the rest of the pass: its other requests need no new plan.
+        blocked: set[str] = set()
         for ticket in self._queue.ordered():
+            if ticket.model in blocked:
+                continue
             if self._dispatch(ticket):
                 self._queue.remove(ticket)
+            else:
+                blocked.add(ticket.model)
 
     def _fail_queued(self, models: Collection[str] | None, error: RequestError) -> None:
         """Fail the queued requests for ``models`` (every queued request for ``None``)."""
