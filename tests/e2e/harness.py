@@ -10,6 +10,7 @@ Each proxy gets a unique marker in its environment; its model servers inherit it
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -29,14 +30,15 @@ FAKE = "python -m llamaswap.fake_server --port ${PORT} --model-name ${MODEL_ID}"
 LISTENING = re.compile(r"llamaswap: listening on (?P<url>http://\S+)")
 
 
+#: Ports handed out to model servers in tests: below the ephemeral range (32768+), where the
+#: kernel picks outgoing connections' ports, so a port found free stays free.
+TEST_PORTS = range(20000, 32000)
+
+
 def free_port_base(count: int = 8) -> int:
     """A port such that ``count`` consecutive ports are free right now (for ``startPort``)."""
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count >= 65535:
-            continue
+        base = random.randrange(TEST_PORTS.start, TEST_PORTS.stop - count)
         if all(_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no run of free ports found")
