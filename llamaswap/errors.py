@@ -14,7 +14,8 @@
         ├── ModelStartFailed        502  the model exited or timed out while starting
         ├── UpstreamError           502  the model server refused or broke the connection
         ├── ModelUnloaded           503  we stopped the model while the request waited
-        └── ShuttingDown            503  llamaswap is stopping
+        ├── ShuttingDown            503  llamaswap is stopping
+        └── InternalError           500  a bug in llamaswap failed this one request (logged)
 
 "We stopped it" and "it broke" are different errors: ``ModelUnloaded`` and
 ``ShuttingDown`` are our own doing, ``ModelStartFailed`` and ``UpstreamError`` are
@@ -33,6 +34,7 @@ __all__ = [
     "ConcurrencyLimit",
     "ConfigError",
     "ConfigProblem",
+    "InternalError",
     "LlamaSwapError",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -171,5 +173,12 @@ class ModelUnloaded(RequestError):
 
 
 class ShuttingDown(RequestError):
-    def __init__(self) -> None:
-        super().__init__("llamaswap is shutting down")
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("llamaswap is shutting down" + (f" ({detail})" if detail else ""))
+
+
+class InternalError(RequestError):
+    """llamaswap's own code failed; the traceback is in the log, the server goes on."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"internal error in llamaswap ({what}); see its log for the traceback")

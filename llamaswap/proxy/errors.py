@@ -8,6 +8,7 @@ from llamaswap.errors import (
     BadRequest,
     BodyTooLarge,
     ConcurrencyLimit,
+    InternalError,
     MethodNotAllowed,
     ModelNotFound,
     ModelStartFailed,
@@ -37,6 +38,7 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
     UpstreamError: (502, "server_error", "upstream_error", ()),
     ModelUnloaded: (503, "server_error", "model_unloaded", ()),
     ShuttingDown: (503, "server_error", "shutting_down", ()),
+    InternalError: (500, "server_error", "internal_error", ()),
 }
 
 
