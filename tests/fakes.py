@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import collections
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from typing import final
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Generic, TypeVar, final
 
 import attrs
 import trio
 
 from llamaswap.errors import RequestError
 from llamaswap.process import ModelState
-from llamaswap.schedulers.base import Scheduler, Swap, Ticket
+from llamaswap.schedulers.base import (
+    CancelSwap,
+    Decision,
+    Fail,
+    Grant,
+    Scheduler,
+    SchedulerStatistics,
+    StartSwap,
+    Swap,
+    Ticket,
+)
 
 
 @attrs.define(eq=False)
@@ -161,12 +172,18 @@ class StateRecorder:
 
 
 @final
-class FakeEffects:
-    """Records what a scheduler asks for; the test plays the router's part by hand."""
+class FakeWorld:
+    """The world as a scheduler sees it, with the decisions applied to it by hand.
+
+    The test plays the router's part: ``apply`` records each decision (and counts a grant
+    in flight), ``complete`` plays a swap's task to its end.
+    """
 
     def __init__(self) -> None:
         self.time = 0.0
         self.states: dict[str, ModelState] = {}
+        self.serving: collections.Counter[str] = collections.Counter()
+        self.decisions: list[Decision] = []
         self.granted: list[Ticket] = []
         self.failed: list[tuple[Ticket, RequestError]] = []
         self.swaps: list[Swap] = []
@@ -181,20 +198,25 @@ class FakeEffects:
     def running_models(self) -> set[str]:
         return {m for m, s in self.states.items() if s is not ModelState.STOPPED}
 
-    def start_swap(self, swap: Swap) -> None:
-        self.swaps.append(swap)
+    def in_flight(self, model: str) -> int:
+        return self.serving[model]
 
-    def cancel_swap(self, swap: Swap, reason: str) -> None:
-        self.cancelled.append((swap, reason))
-
-    def grant(self, ticket: Ticket) -> None:
-        self.granted.append(ticket)
-
-    def fail(self, ticket: Ticket, error: RequestError) -> None:
-        self.failed.append((ticket, error))
+    def apply(self, decisions: list[Decision]) -> list[Decision]:
+        for decision in decisions:
+            self.decisions.append(decision)
+            if isinstance(decision, Grant):
+                self.granted.append(decision.ticket)
+                self.serving[decision.ticket.model] += 1
+            elif isinstance(decision, Fail):
+                self.failed.append((decision.ticket, decision.error))
+            elif isinstance(decision, StartSwap):
+                self.swaps.append(decision.swap)
+            elif isinstance(decision, CancelSwap):
+                self.cancelled.append((decision.swap, decision.reason))
+        return decisions
 
     def complete(
-        self, scheduler: Scheduler, swap: Swap, error: RequestError | None = None
+        self, scheduler: Driven[Any], swap: Swap, error: RequestError | None = None
     ) -> None:
         """Play the swap's task to its end: evictions stopped, target ready (or not)."""
         for model in swap.evict:
@@ -207,6 +229,47 @@ class FakeEffects:
 
     def granted_models(self) -> list[str]:
         return [t.model for t in self.granted]
+
+
+S = TypeVar("S", bound=Scheduler)
+
+
+@final
+class Driven(Generic[S]):
+    """A scheduler driven as the router drives it: every event's decisions are applied to
+    ``world``, and a finished request is counted out before ``on_finish``."""
+
+    def __init__(self, scheduler: S, world: FakeWorld) -> None:
+        self.scheduler = scheduler
+        self.world = world
+
+    def on_request(self, ticket: Ticket) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_request(ticket))
+
+    def on_cancel(self, ticket: Ticket) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_cancel(ticket))
+
+    def on_finish(self, ticket: Ticket) -> list[Decision]:
+        self.world.serving[ticket.model] -= 1
+        return self.world.apply(self.scheduler.on_finish(ticket))
+
+    def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_swap_done(swap, error))
+
+    def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_model_state(model, state))
+
+    def on_unload(self, models: Collection[str]) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_unload(models))
+
+    def on_shutdown(self, error: RequestError) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_shutdown(error))
+
+    def position(self, ticket: Ticket) -> int | None:
+        return self.scheduler.position(ticket)
+
+    def statistics(self) -> SchedulerStatistics:
+        return self.scheduler.statistics()
 
 
 def ticket(model: str, seq: int, *, priority: int = 0, arrival: float | None = None) -> Ticket:

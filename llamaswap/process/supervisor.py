@@ -84,6 +84,8 @@ class ModelSupervisor:
         probe: the readiness check.
         health_check_timeout: seconds a start may take before it fails.
         listener: called synchronously on every state change; must not block.
+        in_flight: the number of requests being served by this model (the router's
+            count); call ``requests_changed`` whenever it changes.
         poll_interval: seconds between readiness probes.
     """
 
@@ -96,6 +98,7 @@ class ModelSupervisor:
         probe: Probe,
         health_check_timeout: float,
         listener: StateListener | None = None,
+        in_flight: Callable[[], int] = lambda: 0,
         poll_interval: float = HEALTH_POLL_INTERVAL,
     ) -> None:
         self.model_id = model_id
@@ -110,7 +113,7 @@ class ModelSupervisor:
         self._state = ModelState.STOPPED
         self._run: _Run | None = None
         self._nursery: trio.Nursery | None = None
-        self._in_flight = 0
+        self._in_flight = in_flight
         self._idle_deadline = math.inf
         self._idle_scope = trio.CancelScope()
         self._starts = 0
@@ -138,16 +141,12 @@ class ModelSupervisor:
     def state(self) -> ModelState:
         return self._state
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
     def statistics(self) -> ModelStatistics:
         return ModelStatistics(
             model=self.model_id,
             state=self._state,
             pid=None if self._run is None else self._run.pid,
-            in_flight=self._in_flight,
+            in_flight=self._in_flight(),
             starts=self._starts,
             start_failures=self._start_failures,
             crashes=self._crashes,
@@ -204,15 +203,13 @@ class ModelSupervisor:
         if self._run is not None:
             self._request_stop(self._run, reason)
 
-    def begin_request(self) -> None:
-        """A request is now in flight: the model must not be unloaded for idleness."""
-        self._in_flight += 1
-        self._set_idle_deadline(math.inf)
-
-    def end_request(self) -> None:
-        """A request has finished: the idle (TTL) clock restarts from now."""
-        self._in_flight -= 1
-        self._arm_ttl()
+    def requests_changed(self) -> None:
+        """The in-flight count changed: while requests are in flight the model is never
+        unloaded for idleness; when the last one ends, the TTL clock restarts from now."""
+        if self._in_flight():
+            self._set_idle_deadline(math.inf)
+        else:
+            self._arm_ttl()
 
     # --------------------------------------------------------------- the run
 
@@ -390,7 +387,7 @@ class ModelSupervisor:
     # ------------------------------------------------------------------- TTL
 
     def _arm_ttl(self) -> None:
-        if self._state is ModelState.READY and self._in_flight == 0 and self.config.ttl > 0:
+        if self._state is ModelState.READY and not self._in_flight() and self.config.ttl > 0:
             self._set_idle_deadline(trio.current_time() + self.config.ttl)
 
     def _set_idle_deadline(self, deadline: float) -> None:
@@ -406,7 +403,7 @@ class ModelSupervisor:
             if (
                 self._run is not None
                 and self._state is ModelState.READY
-                and self._in_flight == 0
+                and not self._in_flight()
                 and trio.current_time() >= self._idle_deadline
             ):
                 self._request_stop(self._run, f"idle for ttl={self.config.ttl:g}s")

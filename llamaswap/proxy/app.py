@@ -159,8 +159,8 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> Applicatio
         try:
             exchange.model = model_id = local(name)
             priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
-            exchange.ticket = router.ticket(model_id, priority=priority)
-            async with router.acquire(exchange.ticket):
+            exchange.lease = router.lease(model_id, priority=priority)
+            async with router.acquire(exchange.lease):
                 pass
             exchange.status = 200
         except RequestError as exc:

@@ -14,7 +14,8 @@ import attrs
 import trio
 
 from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, UsageTap
-from llamaswap.schedulers import Ticket, band_of
+from llamaswap.router.lease import Lease
+from llamaswap.schedulers import band_of
 
 __all__ = ["Exchange", "Recorder"]
 
@@ -29,7 +30,7 @@ class Exchange:
     )
     model: str = ""
     priority: int = 0
-    ticket: Ticket | None = None  # set once the request goes to the scheduler
+    lease: Lease | None = None  # set once the request goes to the scheduler
     status: int | None = None
     error: str | None = None
     tap: UsageTap | None = None
@@ -50,7 +51,7 @@ class Recorder:
         self._scheduler = scheduler
 
     def finish(self, exchange: Exchange) -> ActivityRecord:
-        ticket = exchange.ticket
+        ticket = None if exchange.lease is None else exchange.lease.info()
         status = exchange.status if exchange.status is not None else CLIENT_CLOSED
         duration = trio.current_time() - exchange.started
         priority = exchange.priority if ticket is None else ticket.effective_priority

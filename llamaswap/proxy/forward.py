@@ -96,10 +96,12 @@ _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 #: ``/upstream`` request bodies are read before the request is queued.
 SMALL_BODY = 256 * 1024
 
-# RFC 9110 §7.6.1 connection-specific fields, plus Host (the upstream pool sets its own).
+# RFC 9110 §7.6.1 connection-specific fields, plus Host (the upstream pool sets its own)
+# and Expect (hypercorn has already answered ``100 Continue`` to the client).
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
+        b"expect",
         b"keep-alive",
         b"proxy-authenticate",
         b"proxy-authorization",
@@ -343,12 +345,12 @@ class Forwarder:
                 partial(reply.start, 200, list(SSE_HEADERS)),
                 reply.body,
             )
-        exchange.ticket = self._router.ticket(
+        exchange.lease = self._router.lease(
             target.model_id,
             priority=exchange.priority,
             needs_slot=scope["method"] not in ("GET", "HEAD"),
         )
-        async with self._router.acquire(exchange.ticket, while_waiting=while_waiting):
+        async with self._router.acquire(exchange.lease, while_waiting=while_waiting):
             await self._forward(exchange, scope, upstream, body, reply)
 
     def _upstream_target(self, name: str, rest: str) -> tuple[Local | Peer, str]:

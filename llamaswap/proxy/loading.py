@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from llamaswap.router import Router
-from llamaswap.schedulers import Ticket, TicketState
+from llamaswap.router.lease import Lease
 
 __all__ = ["SSE_HEADERS", "event", "progress", "report_progress"]
 
@@ -48,16 +48,16 @@ def event(model: str, reasoning: str) -> bytes:
     return b"data: " + json.dumps(document).encode() + b"\n\n"
 
 
-def progress(router: Router, ticket: Ticket) -> str:
+def progress(router: Router, lease: Lease) -> str:
     """What the request is waiting for, in one line."""
-    if ticket.state is TicketState.QUEUED:
-        position = router.scheduler.position(ticket)
-        waiting = router.scheduler.statistics().waiting
+    info = lease.info()
+    if info.state == "queued":
+        position, waiting = router.position(lease)
         if position is not None:
             return f"llamaswap: waiting for a turn, position {position} of {waiting}\n"
         return "llamaswap: waiting for a turn\n"
-    elapsed = trio.current_time() - (ticket.dispatched_at or ticket.arrival)
-    return f"llamaswap: loading model {ticket.model!r} ({elapsed:.0f}s)\n"
+    elapsed = trio.current_time() - (info.dispatched_at or info.arrival)
+    return f"llamaswap: loading model {info.model!r} ({elapsed:.0f}s)\n"
 
 
 async def report_progress(
@@ -65,10 +65,10 @@ async def report_progress(
     model: str,
     start: Callable[[], Awaitable[None]],
     send: Callable[[bytes], Awaitable[None]],
-    ticket: Ticket,
+    lease: Lease,
 ) -> None:
     """Start the event stream, then send progress until cancelled (the wait is over)."""
     await start()
     while True:
-        await send(event(model, progress(router, ticket)))
+        await send(event(model, progress(router, lease)))
         await trio.sleep(INTERVAL)

@@ -1,22 +1,26 @@
-"""The router: owns the model supervisors and the swap tasks, and is the scheduler's Effects.
+"""The router: owns the model supervisors, the swap tasks and the leases, and applies the
+scheduler's decisions.
 
 ``Router.run`` owns two nurseries: the supervisors' (one task each) and, inside it, the
 swap nursery, where each load the scheduler starts runs as one task with its own cancel
-scope. Requests never touch processes: ``acquire()`` hands a ticket to the scheduler,
-parks on the ticket's ``Waiter`` until the scheduler grants it (the model is ready) or
-fails it, and reports completion in ``finally``.
+scope. Requests never touch processes: ``acquire()`` admits a lease, hands its ticket to
+the scheduler, parks until the router applies a ``Grant`` or ``Fail`` for it, and
+releases it in ``finally``.
 
-**Invariant: every grant is matched by exactly one ``on_serve_done``**, in the ``finally``
-of ``acquire()``; every ticket that is never granted leaves through ``on_cancel`` (its
-waiter was abandoned) or through ``Effects.fail``. Cancelling a swap's scope reaches the
-supervisor's ``ensure_ready``, which aborts a start nobody else waits for.
+Every scheduler event goes through ``_decide``: it first tells the scheduler about every
+request abandoned since the last event (see ``lease.py``), then runs the event, then
+applies the decisions it returned, in order. **A scheduler exception fails the requests
+its event concerned (500, logged with its traceback), never the server.** **Every grant
+is released exactly once**, in the ``finally`` of ``acquire()``, and only then is the
+scheduler told (``on_finish``). Cancelling a swap's scope reaches the supervisor's
+``ensure_ready``, which aborts a start nobody else waits for.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Set
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Set
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import final
@@ -24,15 +28,31 @@ from typing import final
 import trio
 
 from llamaswap.config.model import Config
-from llamaswap.errors import ModelUnloaded, RequestError, ShuttingDown
+from llamaswap.errors import InternalError, ModelUnloaded, RequestError, ShuttingDown
 from llamaswap.process import ModelState, ModelSupervisor, Probe, Spawner, StateListener
-from llamaswap.schedulers import Scheduler, Swap, Ticket, TicketState, Waiter, make_scheduler
+from llamaswap.schedulers import (
+    CancelSwap,
+    Decision,
+    Fail,
+    Grant,
+    Scheduler,
+    StartSwap,
+    Swap,
+    Ticket,
+    make_scheduler,
+)
 
+from .lease import Lease, Leases, LeaseState, RequestInfo
 from .swappers import make_swapper
 
 __all__ = ["Router"]
 
 logger = logging.getLogger("llamaswap.router")
+
+#: Seconds a request cancelled at the end of the shutdown grace has to tell its client.
+CANCEL_GRACE = 2.0
+
+DecisionListener = Callable[[Decision], None]
 
 
 @final
@@ -57,6 +77,8 @@ class Router:
     ) -> None:
         self.config = config
         self._listeners = list(listeners)
+        self._decision_listeners: list[DecisionListener] = []
+        self._leases = Leases()
         self.supervisors = {
             model_id: ModelSupervisor(
                 model_id,
@@ -65,6 +87,7 @@ class Router:
                 probe=probe,
                 health_check_timeout=config.health_check_timeout,
                 listener=self._on_model_state,
+                in_flight=partial(self._leases.in_flight, model_id),
             )
             for model_id, model in config.models.items()
         }
@@ -72,12 +95,15 @@ class Router:
         self._seq = itertools.count()
         self._swap_scopes: dict[Swap, trio.CancelScope] = {}
         self._swap_nursery: trio.Nursery | None = None
-        self._serving = 0
-        self._drained = trio.Event()
-        self._drained.set()
+        #: Tickets granted after their request had gone (a scheduler bug): to be finished.
+        self._orphans: list[Ticket] = []
 
     def add_listener(self, listener: StateListener) -> None:
         self._listeners.append(listener)
+
+    def add_decision_listener(self, listener: DecisionListener) -> None:
+        """``listener`` sees every decision as it is applied (events, tests)."""
+        self._decision_listeners.append(listener)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
@@ -96,9 +122,9 @@ class Router:
 
     # --------------------------------------------------------------- requests
 
-    def ticket(self, model: str, *, priority: int = 0, needs_slot: bool = True) -> Ticket:
+    def lease(self, model: str, *, priority: int = 0, needs_slot: bool = True) -> Lease:
         """A new request for ``model`` (an ID), to pass to ``acquire``."""
-        return Ticket(
+        ticket = Ticket(
             model,
             priority=priority,
             seq=next(self._seq),
@@ -106,59 +132,91 @@ class Router:
             needs_slot=needs_slot,
             effective_priority=priority,
         )
+        return Lease(ticket)
+
+    def requests(self) -> list[RequestInfo]:
+        """Every admitted request not yet released, oldest first."""
+        return [lease.info() for lease in self._leases]
+
+    def position(self, lease: Lease) -> tuple[int | None, int]:
+        """The request's place in the queue (``None`` once dispatched), and how many wait."""
+        return self.scheduler.position(lease.ticket), self.scheduler.statistics().waiting
 
     @asynccontextmanager
     async def acquire(
         self,
-        ticket: Ticket,
+        lease: Lease,
         *,
-        while_waiting: Callable[[Ticket], Awaitable[None]] | None = None,
-    ) -> AsyncIterator[Ticket]:
-        """Wait until the ticket's model may serve it; hold it while the block runs.
+        while_waiting: Callable[[Lease], Awaitable[None]] | None = None,
+    ) -> AsyncIterator[Lease]:
+        """Wait until the lease's model may serve it; hold it while the block runs.
 
-        ``while_waiting(ticket)``, if given, runs while the request waits (it is cancelled
+        ``while_waiting(lease)``, if given, runs while the request waits (it is cancelled
         when the wait ends); it does not run for a request granted at once.
 
         Raises:
             ConcurrencyLimit: at once, before waiting, when the model is full.
             ModelStartFailed, ModelUnloaded, ShuttingDown: the wait ended without a grant.
+            InternalError: the scheduler failed on this request (logged).
+            the ``Lease.cancel`` error: the request was cancelled, wherever it was.
 
-        *Cancellation*: cancelled while waiting, the request leaves the queue at once (and a
-        load it alone waited for is cancelled); once granted, leaving the block releases it.
+        *Cancellation*: cancelled while waiting, the request leaves the queue (and a load
+        it alone waited for is cancelled) before the scheduler decides anything else; once
+        granted, leaving the block releases it.
         """
-        ticket.waiter = Waiter(partial(self.scheduler.on_cancel, ticket))
-        self.scheduler.on_request(ticket)
+        with lease.scope:
+            self._admit(lease)
+            try:
+                if lease.woken:
+                    await lease.wait()
+                else:
+                    ticket = lease.ticket
+                    logger.debug(
+                        "request #%d for %r: %s", ticket.seq, ticket.model, ticket.state.value
+                    )
+                    await self._wait(lease, while_waiting)
+                yield lease
+            finally:
+                self._end(lease)
+        if lease.scope.cancelled_caught and lease.cancel_error is not None:
+            raise lease.cancel_error
+
+    def _admit(self, lease: Lease) -> None:
+        self._catch_up()
+        self._leases.add(lease)
         try:
-            if ticket.waiter.woken:
-                await ticket.waiter.wait()
-            else:
-                logger.debug(
-                    "request #%d for %r: %s", ticket.seq, ticket.model, ticket.state.value
-                )
-                await self._wait(ticket, while_waiting)
-            yield ticket
-        finally:
-            # Granted means ours to release, even if a cancellation arrived between the
-            # grant and this block (e.g. while ``while_waiting`` was being cancelled).
-            if ticket.state is TicketState.SERVING:
-                self.supervisors[ticket.model].end_request()
-                self.scheduler.on_serve_done(ticket)
-                self._serving -= 1
-                if not self._serving:
-                    self._drained.set()
+            decisions = self.scheduler.on_request(lease.ticket)
+        except RequestError:
+            self._leases.release(lease)
+            raise
+        except Exception as exc:
+            self._leases.release(lease)
+            logger.exception("scheduler %r failed on request #%d", self.scheduler.name, lease.id)
+            raise InternalError("the scheduler failed on this request") from exc
+        self._apply(decisions)
+
+    def _end(self, lease: Lease) -> None:
+        """The request's task is leaving ``acquire``: release what it holds."""
+        if lease.state is LeaseState.GRANTED:
+            self._leases.release(lease)
+            self.supervisors[lease.ticket.model].requests_changed()
+            self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
+        elif lease.state is LeaseState.FAILED:
+            self._leases.release(lease)
+        else:  # abandoned while parked: the scheduler is told now, if nobody did yet
+            self._catch_up()
 
     async def _wait(
-        self, ticket: Ticket, while_waiting: Callable[[Ticket], Awaitable[None]] | None
+        self, lease: Lease, while_waiting: Callable[[Lease], Awaitable[None]] | None
     ) -> None:
-        assert ticket.waiter is not None
         if while_waiting is None:
-            await ticket.waiter.wait()
+            await lease.wait()
             return
         failure: RequestError | None = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(while_waiting, ticket)
+            nursery.start_soon(while_waiting, lease)
             try:
-                await ticket.waiter.wait()
+                await lease.wait()
             except RequestError as exc:
                 failure = exc
             nursery.cancel_scope.cancel(reason="the wait is over")
@@ -167,7 +225,7 @@ class Router:
 
     async def load(self, model: str, *, priority: int = 0) -> None:
         """Make ``model`` ready, queued like a request (``POST /api/models/load``)."""
-        async with self.acquire(self.ticket(model, priority=priority)):
+        async with self.acquire(self.lease(model, priority=priority)):
             pass
 
     async def unload(self, models: Collection[str] | None = None) -> None:
@@ -176,7 +234,7 @@ class Router:
         *Cancellation*: the stops go on without the cancelled caller.
         """
         targets = list(self.supervisors if models is None else models)
-        self.scheduler.on_unload(targets)
+        self._decide("unload", partial(self.scheduler.on_unload, targets))
         # Now, not when the stop tasks first run: a request arriving in between would be
         # granted a model about to be killed under it.
         for model in targets:
@@ -186,15 +244,25 @@ class Router:
                 nursery.start_soon(self.supervisors[model].stop, "unload requested")
 
     async def shutdown(self, grace: float) -> None:
-        """Fail waiting requests (503), let served ones finish for ``grace`` s, stop all."""
-        self.scheduler.on_shutdown(ShuttingDown())
+        """Fail waiting requests (503), let served ones finish for ``grace`` s, stop all.
+
+        A request still running when the grace ends is cancelled with a clear
+        ``ShuttingDown`` error (a JSON 503, or an error event on a stream) before its
+        model is stopped, rather than cut off by the model's exit.
+        """
+        self._decide("shutdown", partial(self.scheduler.on_shutdown, ShuttingDown()))
         with trio.move_on_after(grace):
-            await self._drained.wait()
+            await self._leases.drained()
+        late = ShuttingDown(f"the request was still running after unloadTimeout ({grace:g}s)")
+        for lease in self._leases:
+            lease.cancel(late)
+        with trio.move_on_after(CANCEL_GRACE):
+            await self._leases.drained()
         async with trio.open_nursery() as nursery:
             for supervisor in self.supervisors.values():
                 nursery.start_soon(supervisor.stop, "shutting down")
 
-    # ---------------------------------------------------------------- Effects
+    # ------------------------------------------------------------------ World
 
     def now(self) -> float:
         return trio.current_time()
@@ -205,7 +273,67 @@ class Router:
     def running_models(self) -> Set[str]:
         return {m for m, s in self.supervisors.items() if s.state is not ModelState.STOPPED}
 
-    def start_swap(self, swap: Swap) -> None:
+    def in_flight(self, model: str) -> int:
+        return self._leases.in_flight(model)
+
+    # ------------------------------------------------------------- decisions
+
+    def _decide(
+        self, what: str, event: Callable[[], list[Decision]], concerned: Iterable[Ticket] = ()
+    ) -> None:
+        """Run one scheduler event and apply its decisions; before it, the scheduler hears
+        every cancel it has not heard yet."""
+        self._catch_up()
+        self._run_event(what, event, concerned)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Tell the scheduler of abandoned requests (and of grants that found no request)."""
+        abandoned = self._leases.abandoned
+        while abandoned or self._orphans:
+            if abandoned:
+                lease = abandoned.popleft()
+                if lease.state is LeaseState.ABANDONED:
+                    on_cancel = partial(self.scheduler.on_cancel, lease.ticket)
+                    self._run_event(f"cancelled request #{lease.id}", on_cancel, ())
+                    self._leases.release(lease)
+            else:
+                ticket = self._orphans.pop()
+                on_finish = partial(self.scheduler.on_finish, ticket)
+                self._run_event(f"orphaned request #{ticket.seq}", on_finish, ())
+
+    def _run_event(
+        self, what: str, event: Callable[[], list[Decision]], concerned: Iterable[Ticket]
+    ) -> None:
+        try:
+            decisions = event()
+        except Exception:
+            logger.exception("scheduler %r failed on %s", self.scheduler.name, what)
+            error = InternalError(f"the scheduler failed on {what}")
+            decisions = [Fail(t, error) for t in concerned if self._leases.waiting(t)]
+        self._apply(decisions)
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, Grant):
+                ticket = decision.ticket
+                if self._leases.grant(ticket):
+                    self.supervisors[ticket.model].requests_changed()
+                else:
+                    logger.error("request #%d was granted after it left; releasing", ticket.seq)
+                    self._orphans.append(ticket)
+            elif isinstance(decision, Fail):
+                if not self._leases.fail(decision.ticket, decision.error):
+                    logger.error("request #%d was failed after it left", decision.ticket.seq)
+            elif isinstance(decision, StartSwap):
+                self._start_swap(decision.swap)
+            elif isinstance(decision, CancelSwap):
+                logger.info("cancelling the load of %r: %s", decision.swap.target, decision.reason)
+                self._swap_scopes[decision.swap].cancel(reason=decision.reason)
+            for listener in self._decision_listeners:
+                listener(decision)
+
+    def _start_swap(self, swap: Swap) -> None:
         if self._swap_nursery is None:
             raise RuntimeError("router is not running")
         scope = trio.CancelScope()
@@ -213,22 +341,6 @@ class Router:
         evicting = f", evicting {sorted(swap.evict)}" if swap.evict else ""
         logger.info("loading model %r%s", swap.target, evicting)
         self._swap_nursery.start_soon(self._swap, swap, scope, name=f"swap to {swap.target}")
-
-    def cancel_swap(self, swap: Swap, reason: str) -> None:
-        logger.info("cancelling the load of %r: %s", swap.target, reason)
-        self._swap_scopes[swap].cancel(reason=reason)
-
-    def grant(self, ticket: Ticket) -> None:
-        assert ticket.waiter is not None
-        self.supervisors[ticket.model].begin_request()
-        if not self._serving:
-            self._drained = trio.Event()
-        self._serving += 1
-        ticket.waiter.wake()
-
-    def fail(self, ticket: Ticket, error: RequestError) -> None:
-        assert ticket.waiter is not None
-        ticket.waiter.wake(error)
 
     # ---------------------------------------------------------------- private
 
@@ -248,9 +360,11 @@ class Router:
             error = exc
         finally:
             del self._swap_scopes[swap]
-            self.scheduler.on_swap_done(swap, error)
+            on_swap_done = partial(self.scheduler.on_swap_done, swap, error)
+            self._decide(f"the load of {swap.target!r}", on_swap_done, list(swap.waiters))
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
-        self.scheduler.on_model_state(model, state)
+        on_model_state = partial(self.scheduler.on_model_state, model, state)
+        self._decide(f"model {model!r} {state.value}", on_model_state)
         for listener in self._listeners:
             listener(model, state)

@@ -4,41 +4,51 @@ from __future__ import annotations
 
 from llamaswap.config.model import Config
 
-from .base import Effects as Effects
+from .base import CancelSwap as CancelSwap
+from .base import Decision as Decision
+from .base import Fail as Fail
+from .base import Grant as Grant
+from .base import JoinSwap as JoinSwap
 from .base import Scheduler as Scheduler
 from .base import SchedulerStatistics as SchedulerStatistics
+from .base import StartSwap as StartSwap
 from .base import Swap as Swap
 from .base import Swapper as Swapper
 from .base import Ticket as Ticket
 from .base import TicketState as TicketState
+from .base import World as World
 from .fifo import FifoScheduler as FifoScheduler
 from .priority import BANDS as BANDS
 from .priority import band_of as band_of
 from .priority import parse_priority as parse_priority
 from .serial import SerialScheduler as SerialScheduler
 from .waitqueue import PriorityWaitQueue as PriorityWaitQueue
-from .waitqueue import Waiter as Waiter
 
 __all__ = [
     "BANDS",
-    "Effects",
+    "CancelSwap",
+    "Decision",
+    "Fail",
     "FifoScheduler",
+    "Grant",
+    "JoinSwap",
     "PriorityWaitQueue",
     "Scheduler",
     "SchedulerStatistics",
     "SerialScheduler",
+    "StartSwap",
     "Swap",
     "Swapper",
     "Ticket",
     "TicketState",
-    "Waiter",
+    "World",
     "band_of",
     "make_scheduler",
     "parse_priority",
 ]
 
 
-def make_scheduler(config: Config, effects: Effects, swapper: Swapper) -> Scheduler:
+def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
     """The scheduler named by ``routing.scheduler.use``."""
     section = config.routing.scheduler
     limits = {model_id: model.concurrency_limit for model_id, model in config.models.items()}
@@ -50,10 +60,10 @@ def make_scheduler(config: Config, effects: Effects, swapper: Swapper) -> Schedu
     if section.use == "serial":
         serial = section.settings.serial
         return SerialScheduler(
-            effects,
+            world,
             swapper,
             limits=limits,
             aging_divisor=serial.aging_divisor,
             swap_affinity_bonus=serial.swap_affinity_bonus,
         )
-    return FifoScheduler(effects, swapper, limits=limits, priorities=priorities)
+    return FifoScheduler(world, swapper, limits=limits, priorities=priorities)

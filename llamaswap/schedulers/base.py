@@ -1,36 +1,45 @@
-"""The scheduler seam: what a scheduler sees, decides and may do.
+"""The scheduler seam: what a scheduler sees, and the decisions it returns.
 
 A scheduler is a synchronous state machine. Events come in as method calls
-(``on_request``, ``on_cancel``, ``on_serve_done``, ``on_swap_done``, ``on_model_state``,
-``on_unload``, ``on_shutdown``); side effects go out through ``Effects``, its only window
-onto processes and waiting tasks. Synchronous code cannot be interrupted in Trio, so a
-scheduler needs no lock and no task of its own. **Never add an ``await`` to a scheduler
-method.** Slow work (a load) goes behind ``Effects.start_swap``, whose task reports back
-with ``on_swap_done``.
+(``on_request``, ``on_cancel``, ``on_finish``, ``on_swap_done``, ``on_model_state``,
+``on_unload``, ``on_shutdown``), and each returns the scheduler's *decisions* as values
+(``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``, ``JoinSwap``). The router applies
+them; the scheduler itself touches nothing. It reads the world through ``World``
+(time, model states, the running set, in-flight counts), which only answers questions.
+
+Synchronous code cannot be interrupted in Trio, so a scheduler needs no lock and no task
+of its own. **Never add an ``await`` to a scheduler method.** Slow work (a load) is a
+``StartSwap`` decision; the router runs it in a task that reports back with
+``on_swap_done``. Decisions are plain frozen values: tests assert them as they are, and
+the router publishes them as the request-lifecycle events.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Mapping, Set
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import attrs
 
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
-from .waitqueue import Waiter
-
 __all__ = [
     "BandStatistics",
-    "Effects",
+    "CancelSwap",
+    "Decision",
+    "Fail",
+    "Grant",
+    "JoinSwap",
     "Scheduler",
     "SchedulerStatistics",
+    "StartSwap",
     "Swap",
     "Swapper",
     "Ticket",
     "TicketState",
+    "World",
 ]
 
 
@@ -49,14 +58,16 @@ class Ticket:
         model: the model ID (names and aliases are resolved before the scheduler).
         priority: from the ``X-LlamaSwap-Priority`` header.
         seq: arrival order, unique and increasing.
-        arrival: arrival time (``Effects.now()`` clock).
+        arrival: arrival time (``World.now()`` clock).
         needs_slot: inference work; ``False`` for pages like GET ``/props`` that the
             ``serial`` scheduler lets through without the slot when their model is ready.
         effective_priority: what dispatch uses (``fifo`` adds its per-model priority).
         score: under ``serial``, the score at the pick; ``None`` if never picked.
         dispatched_at: when it left the queue (granted, or its load started or joined).
         metadata: what the scheduler wants in the activity log (e.g. ``affinity``).
-        waiter: where the request's task is parked (the router's; tests leave it unset).
+
+    A ticket is the scheduler's own record: plain data, no Trio object. Everyone else
+    reads it through the router's ``RequestInfo`` snapshots.
     """
 
     model: str
@@ -69,7 +80,6 @@ class Ticket:
     score: float | None = None
     dispatched_at: float | None = None
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
-    waiter: Waiter | None = attrs.field(default=None, repr=False)
 
     @property
     def queue_wait(self) -> float | None:
@@ -92,12 +102,8 @@ class Swapper(Protocol):
         """The models in ``running`` that must stop before ``target`` can run."""
 
 
-class Effects(Protocol):
-    """Everything a scheduler may do to the world. Every method is synchronous.
-
-    **Effects never call back into the scheduler synchronously**: their consequences
-    come back later as events. That is what makes a scheduler method atomic.
-    """
+class World(Protocol):
+    """What a scheduler may ask about the world. Every method is a synchronous query."""
 
     def now(self) -> float: ...
 
@@ -106,17 +112,50 @@ class Effects(Protocol):
     def running_models(self) -> Set[str]:
         """Every model whose process is not stopped (starting, ready or stopping)."""
 
-    def start_swap(self, swap: Swap) -> None:
-        """Start a task that performs ``swap`` and then calls ``on_swap_done``."""
+    def in_flight(self, model: str) -> int:
+        """Granted requests of ``model`` not yet finished (the router's single count)."""
 
-    def cancel_swap(self, swap: Swap, reason: str) -> None:
-        """Abandon ``swap``: its task is cancelled and a start in progress is killed."""
 
-    def grant(self, ticket: Ticket) -> None:
-        """Let the request be served now (its model is ready)."""
+@attrs.frozen
+class Grant:
+    """Serve ``ticket`` now: its model is ready."""
 
-    def fail(self, ticket: Ticket, error: RequestError) -> None:
-        """Answer the request with ``error``."""
+    ticket: Ticket
+
+
+@attrs.frozen
+class Fail:
+    """Answer ``ticket`` with ``error``; it is no longer admitted."""
+
+    ticket: Ticket
+    error: RequestError
+
+
+@attrs.frozen
+class StartSwap:
+    """Start a task that stops ``swap.evict``, makes ``swap.target`` ready, then reports
+    ``on_swap_done``."""
+
+    swap: Swap
+
+
+@attrs.frozen
+class CancelSwap:
+    """Abandon ``swap``: its task is cancelled and a start in progress is killed."""
+
+    swap: Swap
+    reason: str
+
+
+@attrs.frozen
+class JoinSwap:
+    """``ticket`` now waits for ``swap`` (it is loading). Nothing to apply: an event."""
+
+    ticket: Ticket
+    swap: Swap
+
+
+Decision: TypeAlias = Grant | Fail | StartSwap | CancelSwap | JoinSwap
 
 
 @attrs.frozen
@@ -131,7 +170,6 @@ class SchedulerStatistics:
     name: str
     waiting: int
     loading: int
-    serving: int
     swaps: tuple[str, ...]
     bands: Mapping[str, BandStatistics]
     aging_changed_picks: int = 0
@@ -140,29 +178,34 @@ class SchedulerStatistics:
 
 
 class Scheduler(Protocol):
-    """Decides which waiting request goes next. See the module docstring for the rules."""
+    """Decides which waiting request goes next. See the module docstring for the rules.
+
+    Every event returns the decisions it made, in order. Only ``on_request`` raises on
+    purpose (``ConcurrencyLimit``, or the shutdown error), before deciding anything.
+    """
 
     name: str
 
-    def on_request(self, ticket: Ticket) -> None:
+    def on_request(self, ticket: Ticket) -> list[Decision]:
         """Admit ``ticket`` or raise ``ConcurrencyLimit``; may grant it at once."""
 
-    def on_cancel(self, ticket: Ticket) -> None:
+    def on_cancel(self, ticket: Ticket) -> list[Decision]:
         """The ticket's client left before it was granted (queued, or waiting for a load)."""
 
-    def on_serve_done(self, ticket: Ticket) -> None:
-        """A granted ticket finished (successfully or not)."""
+    def on_finish(self, ticket: Ticket) -> list[Decision]:
+        """A granted ticket finished (successfully or not); ``World.in_flight`` already
+        counts it out."""
 
-    def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
+    def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
         """A swap's task ended: its target is ready, or ``error`` says why not."""
 
-    def on_model_state(self, model: str, state: ModelState) -> None:
+    def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         """A model's state changed (including crashes and TTL unloads)."""
 
-    def on_unload(self, models: Collection[str]) -> None:
+    def on_unload(self, models: Collection[str]) -> list[Decision]:
         """``models`` are being unloaded: fail their waiting requests with ``ModelUnloaded``."""
 
-    def on_shutdown(self, error: RequestError) -> None:
+    def on_shutdown(self, error: RequestError) -> list[Decision]:
         """Fail every waiting request with ``error``; refuse new ones with it too."""
 
     def position(self, ticket: Ticket) -> int | None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import final
 
-from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
-from .base import Effects, SchedulerStatistics, Swap, Swapper, Ticket, TicketState
+from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, World
 from .ledger import Ledger
 from .waitqueue import PriorityWaitQueue
 
@@ -34,7 +34,7 @@ class FifoScheduler:
     """See the module docstring.
 
     Args:
-        effects: the router.
+        world: what the scheduler may ask (the router).
         swapper: the eviction policy.
         limits: ``concurrencyLimit`` per model ID.
         priorities: ``settings.fifo.priority``, by model ID.
@@ -44,63 +44,58 @@ class FifoScheduler:
 
     def __init__(
         self,
-        effects: Effects,
+        world: World,
         swapper: Swapper,
         *,
         limits: Mapping[str, int],
         priorities: Mapping[str, int] | None = None,
     ) -> None:
-        self._ledger = Ledger(effects, swapper, limits)
+        self._ledger = Ledger(world, swapper, limits)
         self._priorities = dict(priorities or {})
         self._queue: PriorityWaitQueue[Ticket] = PriorityWaitQueue()
 
     # ----------------------------------------------------------------- events
 
-    def on_request(self, ticket: Ticket) -> None:
+    def on_request(self, ticket: Ticket) -> list[Decision]:
         self._ledger.admit(ticket)
         model_priority = self._priorities.get(ticket.model, 0)
         ticket.effective_priority = model_priority + ticket.priority
         ticket.metadata["fifo_priority"] = model_priority
         if not self._dispatch(ticket):
             self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
+        return self._ledger.take()
 
-    def on_cancel(self, ticket: Ticket) -> None:
-        if self._queue.remove(ticket):
-            self._ledger.release(ticket)
-            return
-        if ticket.state is TicketState.LOADING:
-            cancelled = self._ledger.leave_swap(ticket)
-            self._ledger.release(ticket)
-            if cancelled is not None:
-                self._drain()
+    def on_cancel(self, ticket: Ticket) -> list[Decision]:
+        if self._ledger.cancel(self._queue, ticket):
+            self._drain()  # its load was cancelled: what it would have evicted is free
+        return self._ledger.take()
 
-    def on_serve_done(self, ticket: Ticket) -> None:
-        self._ledger.serve_done(ticket)
-        if not self._ledger.in_flight[ticket.model]:
+    def on_finish(self, ticket: Ticket) -> list[Decision]:
+        self._ledger.release(ticket)
+        if not self._ledger.busy(ticket.model):
             self._drain()
+        return self._ledger.take()
 
-    def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
-        if not self._ledger.finish_swap(swap, error):
-            return
-        if error is not None:
-            self._fail_queued({swap.target}, error)
-        self._drain()
+    def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
+        if self._ledger.finish_swap(swap, error):
+            if error is not None:
+                self._ledger.fail_queued(self._queue, {swap.target}, error)
+            self._drain()
+        return self._ledger.take()
 
-    def on_model_state(self, model: str, state: ModelState) -> None:
+    def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         if state is ModelState.STOPPED:
             self._drain()
+        return self._ledger.take()
 
-    def on_unload(self, models: Collection[str]) -> None:
-        for model in models:
-            swap = self._ledger.swaps.get(model)
-            if swap is not None:
-                self._ledger.abandon_swap(swap, ModelUnloaded(model), "unloaded")
-            self._fail_queued({model}, ModelUnloaded(model))
+    def on_unload(self, models: Collection[str]) -> list[Decision]:
+        self._ledger.unload(self._queue, models)
         self._drain()
+        return self._ledger.take()
 
-    def on_shutdown(self, error: RequestError) -> None:
-        self._ledger.close(error)
-        self._fail_queued(None, error)
+    def on_shutdown(self, error: RequestError) -> list[Decision]:
+        self._ledger.shut_down(self._queue, error)
+        return self._ledger.take()
 
     # ------------------------------------------------------------------ views
 
@@ -115,7 +110,6 @@ class FifoScheduler:
             name=self.name,
             waiting=len(self._queue),
             loading=ledger.loading_count(),
-            serving=sum(ledger.in_flight.values()),
             swaps=tuple(sorted(ledger.swaps)),
             bands=ledger.band_statistics(self._queue),
         )
@@ -141,10 +135,3 @@ class FifoScheduler:
                 self._queue.remove(ticket)
             else:
                 blocked.add(ticket.model)
-
-    def _fail_queued(self, models: Collection[str] | None, error: RequestError) -> None:
-        """Fail the queued requests for ``models`` (every queued request for ``None``)."""
-        for ticket in self._queue.ordered():
-            if models is None or ticket.model in models:
-                self._queue.remove(ticket)
-                self._ledger.fail(ticket, error)

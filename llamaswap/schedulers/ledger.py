@@ -1,15 +1,18 @@
-"""The bookkeeping every scheduler shares: admissions, in-flight requests, active swaps.
+"""The bookkeeping every scheduler shares: admissions, active swaps, and the decisions made.
 
 A scheduler owns a ``Ledger`` and decides *when*; the ledger keeps the counts right and
-performs the grant/fail/swap effects. ``fifo`` and ``serial`` differ only in their
-queues and in when they dispatch, so the accounting below is written once.
+writes the decisions down (``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``,
+``JoinSwap``) in its outbox, which each event hands to the router with ``take()``.
+``fifo`` and ``serial`` differ only in their queues and in when they dispatch, so the
+accounting below — admission, swaps, failing what waits on unload and shutdown, band
+statistics — is written once.
 
 **Invariants** (checked by the tests of both schedulers):
 
 * ``admitted[m]`` = requests for ``m`` queued + loading + serving; a request beyond
   ``concurrencyLimit`` is refused before anything is sent (429).
-* ``in_flight[m]`` = granted requests of ``m`` not yet done; a model with
-  ``in_flight > 0`` is never evicted.
+* A model with requests in flight is never evicted. In flight is the router's count
+  (``World.in_flight``) plus the grants decided in this event and not yet applied.
 * One active swap per target model; every ticket in ``LOADING`` is a waiter of the swap
   for its model, and a swap with no waiters left is cancelled at once.
 """
@@ -17,19 +20,44 @@ queues and in when they dispatch, so the accounting below is written once.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
-from typing import final
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Protocol, final
 
 import attrs
 
 from llamaswap.config.model import DEFAULT_CONCURRENCY_LIMIT
-from llamaswap.errors import ConcurrencyLimit, RequestError
+from llamaswap.errors import ConcurrencyLimit, ModelUnloaded, RequestError
 from llamaswap.process.state import ModelState
 
-from .base import BandStatistics, Effects, Swap, Swapper, Ticket, TicketState
+from .base import (
+    BandStatistics,
+    CancelSwap,
+    Decision,
+    Fail,
+    Grant,
+    JoinSwap,
+    StartSwap,
+    Swap,
+    Swapper,
+    Ticket,
+    TicketState,
+    World,
+)
 from .priority import BANDS, band_of
 
-__all__ = ["Ledger", "Plan"]
+__all__ = ["Ledger", "Plan", "Queue"]
+
+
+class Queue(Protocol):
+    """Where a scheduler keeps the tickets it has not dispatched yet."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Ticket]:
+        """Every queued ticket, in no particular order."""
+
+    def remove(self, ticket: Ticket) -> bool:
+        """Take ``ticket`` out; False if it was not queued."""
 
 
 @attrs.frozen
@@ -52,15 +80,22 @@ class Plan:
 
 @final
 class Ledger:
-    def __init__(self, effects: Effects, swapper: Swapper, limits: Mapping[str, int]) -> None:
-        self.effects = effects
+    def __init__(self, world: World, swapper: Swapper, limits: Mapping[str, int]) -> None:
+        self.world = world
         self.swapper = swapper
         self.limits = limits
         self.admitted: collections.Counter[str] = collections.Counter()
-        self.in_flight: collections.Counter[str] = collections.Counter()
         self.swaps: dict[str, Swap] = {}
         self.dispatched: collections.Counter[str] = collections.Counter()
         self.closed: RequestError | None = None
+        self._outbox: list[Decision] = []
+        self._granting: collections.Counter[str] = collections.Counter()
+
+    def take(self) -> list[Decision]:
+        """The decisions made since the last call, in order; the event's return value."""
+        decisions, self._outbox = self._outbox, []
+        self._granting.clear()
+        return decisions
 
     # ------------------------------------------------------------ admission
 
@@ -84,31 +119,28 @@ class Ledger:
 
     def mark_dispatched(self, ticket: Ticket) -> None:
         if ticket.dispatched_at is None:
-            ticket.dispatched_at = self.effects.now()
+            ticket.dispatched_at = self.world.now()
             self.dispatched[band_of(ticket.effective_priority)] += 1
 
     def grant(self, ticket: Ticket) -> None:
         self.mark_dispatched(ticket)
         ticket.state = TicketState.SERVING
-        self.in_flight[ticket.model] += 1
-        self.effects.grant(ticket)
+        self._granting[ticket.model] += 1
+        self._outbox.append(Grant(ticket))
 
     def fail(self, ticket: Ticket, error: RequestError) -> None:
         self.release(ticket)
-        self.effects.fail(ticket, error)
+        self._outbox.append(Fail(ticket, error))
 
-    def serve_done(self, ticket: Ticket) -> None:
-        """A granted ticket finished: it no longer keeps its model busy."""
-        self.in_flight[ticket.model] -= 1
-        if not self.in_flight[ticket.model]:
-            del self.in_flight[ticket.model]
-        self.release(ticket)
+    def busy(self, model: str) -> bool:
+        """Whether ``model`` is serving requests (or was just granted some)."""
+        return bool(self.world.in_flight(model) or self._granting[model])
 
     # ----------------------------------------------------------------- swaps
 
     def running(self) -> set[str]:
         """Models whose process is not stopped, plus the targets of swaps in progress."""
-        running = set(self.effects.running_models())
+        running = set(self.world.running_models())
         running.update(self.swaps)
         return running
 
@@ -120,10 +152,10 @@ class Ledger:
     def plan(self, target: str) -> Plan:
         evict = self.evictions(target)
         return Plan(
-            ready=self.effects.model_state(target) is ModelState.READY,
+            ready=self.world.model_state(target) is ModelState.READY,
             evict=evict,
             collides=self._collides(target, evict),
-            busy=any(self.in_flight[model] for model in evict),
+            busy=any(self.busy(model) for model in evict),
         )
 
     def _collides(self, target: str, evict: frozenset[str]) -> bool:
@@ -143,33 +175,31 @@ class Ledger:
         elif plan.blocked:
             return False
         else:
-            self.start_swap(ticket, plan.evict)
+            swap = Swap(ticket.model, plan.evict)
+            self.swaps[ticket.model] = swap
+            self._outbox.append(StartSwap(swap))
+            self.join(ticket, swap)
         return True
-
-    def start_swap(self, ticket: Ticket, evict: frozenset[str]) -> Swap:
-        swap = Swap(ticket.model, evict)
-        self.swaps[ticket.model] = swap
-        self.join(ticket, swap)
-        self.effects.start_swap(swap)
-        return swap
 
     def join(self, ticket: Ticket, swap: Swap) -> None:
         self.mark_dispatched(ticket)
         ticket.state = TicketState.LOADING
         swap.waiters.append(ticket)
+        self._outbox.append(JoinSwap(ticket, swap))
 
-    def leave_swap(self, ticket: Ticket) -> Swap | None:
+    def leave_swap(self, ticket: Ticket) -> bool:
         """Take a loading ticket out of its swap; cancel the swap if nobody is left.
 
-        Returns the cancelled swap, if this ticket was its last waiter.
+        Returns whether the swap was cancelled (this ticket was its last waiter).
         """
         swap = self.swaps[ticket.model]
         swap.waiters.remove(ticket)
         if swap.waiters:
-            return None
+            return False
         del self.swaps[ticket.model]
-        self.effects.cancel_swap(swap, f"every request waiting for {swap.target!r} has left")
-        return swap
+        reason = f"every request waiting for {swap.target!r} has left"
+        self._outbox.append(CancelSwap(swap, reason))
+        return True
 
     def finish_swap(self, swap: Swap, error: RequestError | None) -> bool:
         """Forget a finished swap and grant its waiters (or fail them with ``error``);
@@ -184,23 +214,56 @@ class Ledger:
                 self.fail(ticket, error)
         return True
 
+    def abandon_swap(self, model: str, error: RequestError, reason: str) -> None:
+        """Cancel the swap to ``model``, if any, and fail its waiters (unload, shutdown)."""
+        swap = self.swaps.pop(model, None)
+        if swap is None:
+            return
+        self._outbox.append(CancelSwap(swap, reason))
+        for ticket in swap.waiters:
+            self.fail(ticket, error)
+
     def close(self, error: RequestError) -> None:
         """Shutting down: refuse new requests with ``error``, abandon every swap."""
         self.closed = error
-        for swap in list(self.swaps.values()):
-            self.abandon_swap(swap, error, "shutting down")
+        for model in list(self.swaps):
+            self.abandon_swap(model, error, "shutting down")
 
-    def abandon_swap(self, swap: Swap, error: RequestError, reason: str) -> None:
-        """Cancel ``swap`` and fail its waiters with ``error`` (unload, shutdown)."""
-        del self.swaps[swap.target]
-        self.effects.cancel_swap(swap, reason)
-        for ticket in swap.waiters:
+    # ------------------------------------------------- what both schedulers do
+
+    def cancel(self, queue: Queue, ticket: Ticket) -> bool:
+        """The ticket's client left before its grant: take it out of ``queue`` or out of
+        its swap, and free its reservation. True if that cancelled the swap."""
+        cancelled = False
+        if not queue.remove(ticket) and ticket.state is TicketState.LOADING:
+            cancelled = self.leave_swap(ticket)
+        self.release(ticket)
+        return cancelled
+
+    def fail_queued(
+        self, queue: Queue, models: Collection[str] | None, error: RequestError
+    ) -> None:
+        """Fail the queued tickets for ``models`` (all of them for ``None``), oldest first."""
+        doomed = [t for t in queue if models is None or t.model in models]
+        for ticket in sorted(doomed, key=lambda t: t.seq):
+            queue.remove(ticket)
             self.fail(ticket, error)
+
+    def unload(self, queue: Queue, models: Collection[str]) -> None:
+        """Fail every request waiting for ``models`` (queued, or loading) with 503."""
+        for model in models:
+            self.abandon_swap(model, ModelUnloaded(model), "unloaded")
+            self.fail_queued(queue, {model}, ModelUnloaded(model))
+
+    def shut_down(self, queue: Queue, error: RequestError) -> None:
+        """Refuse new requests and fail every waiting one with ``error``."""
+        self.close(error)
+        self.fail_queued(queue, None, error)
 
     # ------------------------------------------------------------ statistics
 
     def band_statistics(self, queued: Iterable[Ticket]) -> dict[str, BandStatistics]:
-        now = self.effects.now()
+        now = self.world.now()
         depth: collections.Counter[str] = collections.Counter()
         oldest: dict[str, float] = {}
         for ticket in queued:

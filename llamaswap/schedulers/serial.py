@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import collections
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import final
 
 import attrs
@@ -60,7 +60,7 @@ from llamaswap.config.model import MAX_SWAP_AFFINITY_BONUS
 from llamaswap.errors import ModelUnloaded, RequestError
 from llamaswap.process.state import ModelState
 
-from .base import Effects, SchedulerStatistics, Swap, Swapper, Ticket, TicketState
+from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, TicketState, World
 from .ledger import Ledger
 from .waitqueue import PriorityWaitQueue
 
@@ -80,12 +80,47 @@ class _Lane:
     by_score: PriorityWaitQueue[Ticket] = attrs.field(factory=PriorityWaitQueue)
     by_priority: PriorityWaitQueue[Ticket] = attrs.field(factory=PriorityWaitQueue)
 
+
+@final
+class _Lanes:
+    """Every waiting request, one lane per model (a ledger ``Queue``)."""
+
+    def __init__(self) -> None:
+        self.lanes: dict[str, _Lane] = collections.defaultdict(_Lane)
+        self._count = 0
+
     def __len__(self) -> int:
-        return len(self.by_score)
+        return self._count
+
+    def __iter__(self) -> Iterator[Ticket]:
+        for lane in list(self.lanes.values()):
+            yield from lane.by_score
+
+    def push(self, ticket: Ticket, static_key: int) -> None:
+        lane = self.lanes[ticket.model]
+        lane.by_score.push(ticket, (-static_key, ticket.seq))
+        lane.by_priority.push(ticket, (-ticket.priority, ticket.seq))
+        self._count += 1
 
     def remove(self, ticket: Ticket) -> bool:
-        self.by_priority.remove(ticket)
-        return self.by_score.remove(ticket)
+        lane = self.lanes.get(ticket.model)
+        if lane is None or not lane.by_score.remove(ticket):
+            return False
+        lane.by_priority.remove(ticket)
+        self._count -= 1
+        return True
+
+    def queued(self, ticket: Ticket) -> bool:
+        lane = self.lanes.get(ticket.model)
+        return lane is not None and ticket in lane.by_score
+
+    def pop_best(self, model: str) -> Ticket | None:
+        """The best-scored request for ``model``, taken out; None if none waits."""
+        lane = self.lanes.get(model)
+        head = None if lane is None else lane.by_score.peek()
+        if head is not None:
+            self.remove(head)
+        return head
 
 
 @final
@@ -93,7 +128,7 @@ class SerialScheduler:
     """See the module docstring.
 
     Args:
-        effects: the router.
+        world: what the scheduler may ask (the router).
         swapper: the eviction policy.
         limits: ``concurrencyLimit`` per model ID.
         aging_divisor: seconds per aging point; 0 disables aging.
@@ -104,19 +139,19 @@ class SerialScheduler:
 
     def __init__(
         self,
-        effects: Effects,
+        world: World,
         swapper: Swapper,
         *,
-        limits: collections.abc.Mapping[str, int],
+        limits: Mapping[str, int],
         aging_divisor: float = 60.0,
         swap_affinity_bonus: int = 10,
     ) -> None:
-        self._ledger = Ledger(effects, swapper, limits)
+        self._ledger = Ledger(world, swapper, limits)
+        self._world = world
         self._divisor = aging_divisor
         self._divisor_ns = _ns(aging_divisor)
         self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
-        self._lanes: dict[str, _Lane] = collections.defaultdict(_Lane)
-        self._waiting = 0
+        self._lanes = _Lanes()
         self._holder: Ticket | None = None
         self.aging_changed_picks = 0
         self.affinity_changed_picks = 0
@@ -135,7 +170,7 @@ class SerialScheduler:
     def affinity(self, model: str, running: set[str] | None = None) -> bool:
         """Whether requests for ``model`` get the affinity bonus now: it is ready and
         running it needs no eviction. ``running`` saves recomputing the running set."""
-        if not self._bonus or self._ledger.effects.model_state(model) is not ModelState.READY:
+        if not self._bonus or self._world.model_state(model) is not ModelState.READY:
             return False
         return not self._ledger.evictions(model, running)
 
@@ -143,14 +178,16 @@ class SerialScheduler:
         """Affinity of every model that has requests waiting, computed once per pick."""
         running = self._ledger.running() if self._bonus else set()
         return {
-            model: self.affinity(model, running) for model, lane in self._lanes.items() if lane
+            model: self.affinity(model, running)
+            for model, lane in self._lanes.lanes.items()
+            if lane.by_score
         }
 
     def score(self, ticket: Ticket, *, affinity: bool) -> float:
         """The score as the docs write it, in points (for logs and the activity log)."""
         aging = 0.0
         if self._divisor:
-            aging = (self._ledger.effects.now() - ticket.arrival) / self._divisor
+            aging = (self._world.now() - ticket.arrival) / self._divisor
         bonus = self._bonus if affinity else 0
         try:
             return float(ticket.priority + bonus) + aging
@@ -159,54 +196,96 @@ class SerialScheduler:
 
     # ----------------------------------------------------------------- events
 
-    def on_request(self, ticket: Ticket) -> None:
+    def on_request(self, ticket: Ticket) -> list[Decision]:
         self._ledger.admit(ticket)
         ticket.effective_priority = ticket.priority
         if not ticket.needs_slot and self._may_skip_slot(ticket.model):
             self._ledger.grant(ticket)  # a page like GET /props: no slot needed
-            return
-        lane = self._lanes[ticket.model]
-        lane.by_score.push(ticket, (-self.static_key(ticket), ticket.seq))
-        lane.by_priority.push(ticket, (-ticket.priority, ticket.seq))
-        self._waiting += 1
-        self._fill_slot()
+        else:
+            self._lanes.push(ticket, self.static_key(ticket))
+            self._fill_slot()
+        return self._ledger.take()
 
-    def on_cancel(self, ticket: Ticket) -> None:
+    def on_cancel(self, ticket: Ticket) -> list[Decision]:
         ledger = self._ledger
-        if self._unqueue(ticket):
-            ledger.release(ticket)
-            return
         if ticket is not self._holder:
-            return
-        if ticket.state is TicketState.LOADING:
-            successor = self._pop_best(ticket.model)
-            if successor is not None:
-                # Another request wants this model: the load goes on, for it.
-                self._holder = successor
-                successor.score = self.score(successor, affinity=self.affinity(ticket.model))
-                ledger.join(successor, ledger.swaps[ticket.model])
-                ledger.leave_swap(ticket)
-                ledger.release(ticket)
-                return
-            ledger.leave_swap(ticket)
-        ledger.release(ticket)
-        self._holder = None
-        self._fill_slot()
-
-    def on_serve_done(self, ticket: Ticket) -> None:
-        self._ledger.serve_done(ticket)
-        if ticket is self._holder:
+            ledger.cancel(self._lanes, ticket)  # it was queued
+        elif ticket.state is TicketState.LOADING and (
+            successor := self._lanes.pop_best(ticket.model)
+        ):
+            # Another request wants this model: the load goes on, for it.
+            self._holder = successor
+            successor.score = self.score(successor, affinity=self.affinity(ticket.model))
+            ledger.join(successor, ledger.swaps[ticket.model])
+            ledger.cancel(self._lanes, ticket)
+        else:
+            ledger.cancel(self._lanes, ticket)
             self._holder = None
             self._fill_slot()
-        elif self._holder is not None and self._holder.state is TicketState.QUEUED:
-            self._ledger.dispatch(self._holder)  # its swap waited for this model to drain
+        return ledger.take()
 
-    def on_swap_done(self, swap: Swap, error: RequestError | None) -> None:
-        if not self._ledger.finish_swap(swap, error) or error is None:
-            return
-        self._fail_queued({swap.target}, error)
-        self._holder = None
+    def on_finish(self, ticket: Ticket) -> list[Decision]:
+        self._ledger.release(ticket)
+        holder = self._holder
+        if ticket is holder:
+            self._holder = None
+            self._fill_slot()
+        elif holder is not None and holder.state is TicketState.QUEUED:
+            self._ledger.dispatch(holder)  # its swap waited for this model to drain
+        return self._ledger.take()
+
+    def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
+        if self._ledger.finish_swap(swap, error) and error is not None:
+            self._ledger.fail_queued(self._lanes, {swap.target}, error)
+            self._holder = None
+            self._fill_slot()
+        return self._ledger.take()
+
+    def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
+        lane = self._lanes.lanes.get(model)
+        if state is ModelState.READY and lane is not None and self._may_skip_slot(model):
+            for ticket in lane.by_score.ordered():
+                if not ticket.needs_slot:
+                    self._lanes.remove(ticket)
+                    self._ledger.grant(ticket)
+        return self._ledger.take()
+
+    def on_unload(self, models: Collection[str]) -> list[Decision]:
+        self._release_slot(models, ModelUnloaded)
+        self._ledger.unload(self._lanes, models)
         self._fill_slot()
+        return self._ledger.take()
+
+    def on_shutdown(self, error: RequestError) -> list[Decision]:
+        self._release_slot(None, lambda _: error)
+        self._ledger.shut_down(self._lanes, error)
+        return self._ledger.take()
+
+    # ------------------------------------------------------------------ views
+
+    def position(self, ticket: Ticket) -> int | None:
+        if not self._lanes.queued(ticket):
+            return None
+        affinity = self._affinities()
+        rank = self._rank(ticket, affinity[ticket.model])
+        ahead = [t for t in self._lanes if self._rank(t, affinity[t.model]) > rank]
+        return 1 + len(ahead)
+
+    def statistics(self) -> SchedulerStatistics:
+        ledger = self._ledger
+        holder = self._holder
+        return SchedulerStatistics(
+            name=self.name,
+            waiting=len(self._lanes),
+            loading=ledger.loading_count(),
+            swaps=tuple(sorted(ledger.swaps)),
+            bands=ledger.band_statistics(self._lanes),
+            aging_changed_picks=self.aging_changed_picks,
+            affinity_changed_picks=self.affinity_changed_picks,
+            slot_holder=None if holder is None else holder.model,
+        )
+
+    # --------------------------------------------------------------- the slot
 
     def _may_skip_slot(self, model: str) -> bool:
         """A page may skip the slot if its model is ready, unless the slot holder waits for
@@ -220,67 +299,19 @@ class SerialScheduler:
             return False
         return self._ledger.plan(model).immediate
 
-    def on_model_state(self, model: str, state: ModelState) -> None:
-        if state is ModelState.READY and self._may_skip_slot(model):
-            lane = self._lanes.get(model)
-            for ticket in [] if lane is None else lane.by_score.ordered():
-                if not ticket.needs_slot:
-                    self._unqueue(ticket)
-                    self._ledger.grant(ticket)
-
-    def on_unload(self, models: Collection[str]) -> None:
+    def _release_slot(
+        self, models: Collection[str] | None, error: Callable[[str], RequestError]
+    ) -> None:
+        """Fail the slot holder if it has not been served yet and wants one of ``models``
+        (any, for ``None``): a load it waits for is abandoned by the ledger."""
         holder = self._holder
-        if (
-            holder is not None
-            and holder.state is not TicketState.SERVING
-            and holder.model in models
-        ):
-            swap = self._ledger.swaps.get(holder.model)
-            if swap is not None:
-                self._ledger.abandon_swap(swap, ModelUnloaded(holder.model), "unloaded")
-            else:
-                self._ledger.fail(holder, ModelUnloaded(holder.model))
-            self._holder = None
-        for model in models:
-            self._fail_queued({model}, ModelUnloaded(model))
-        self._fill_slot()
-
-    def on_shutdown(self, error: RequestError) -> None:
-        self._ledger.close(error)
-        holder = self._holder
-        if holder is not None and holder.state is TicketState.QUEUED:
-            self._ledger.fail(holder, error)
-        if holder is not None and holder.state is not TicketState.SERVING:
-            self._holder = None
-        self._fail_queued(None, error)
-
-    # ------------------------------------------------------------------ views
-
-    def position(self, ticket: Ticket) -> int | None:
-        lane = self._lanes.get(ticket.model)
-        if lane is None or ticket not in lane.by_score:
-            return None
-        affinity = self._affinities()
-        rank = self._rank(ticket, affinity[ticket.model])
-        ahead = [t for t in self._queued() if self._rank(t, affinity[t.model]) > rank]
-        return 1 + len(ahead)
-
-    def statistics(self) -> SchedulerStatistics:
-        ledger = self._ledger
-        holder = self._holder
-        return SchedulerStatistics(
-            name=self.name,
-            waiting=self._waiting,
-            loading=ledger.loading_count(),
-            serving=sum(ledger.in_flight.values()),
-            swaps=tuple(sorted(ledger.swaps)),
-            bands=ledger.band_statistics(self._queued()),
-            aging_changed_picks=self.aging_changed_picks,
-            affinity_changed_picks=self.affinity_changed_picks,
-            slot_holder=None if holder is None else holder.model,
-        )
-
-    # --------------------------------------------------------------- the pick
+        if holder is None or holder.state is TicketState.SERVING:
+            return
+        if models is not None and holder.model not in models:
+            return
+        if holder.state is TicketState.QUEUED:  # it waited for a model to drain
+            self._ledger.fail(holder, error(holder.model))
+        self._holder = None
 
     def _rank(self, ticket: Ticket, affinity: bool) -> tuple[int, int]:
         """Bigger is better: the static key plus affinity, then earlier arrival."""
@@ -297,7 +328,7 @@ class SerialScheduler:
         best = no_aging = no_affinity = None
         best_rank = no_aging_rank = no_affinity_rank = (0, 0)
         for model, bonus in affinity.items():
-            lane = self._lanes[model]
+            lane = self._lanes.lanes[model]
             head = lane.by_score.peek()
             eldest = lane.by_priority.peek()
             assert head is not None
@@ -314,8 +345,8 @@ class SerialScheduler:
         return best, no_aging, no_affinity
 
     def _fill_slot(self) -> None:
-        while self._holder is None and self._waiting:
-            candidates = self._waiting
+        while self._holder is None and self._lanes:
+            candidates = len(self._lanes)
             affinity = self._affinities()
             ticket, no_aging, no_affinity = self._choose(affinity)
             assert ticket is not None
@@ -324,35 +355,8 @@ class SerialScheduler:
                 self.affinity_changed_picks += no_affinity is not ticket
             ticket.score = self.score(ticket, affinity=affinity[ticket.model])
             ticket.metadata["affinity"] = affinity[ticket.model]
-            self._unqueue(ticket)
+            self._lanes.remove(ticket)
             self._holder = ticket
             # Served, or its load started; if a model it evicts is busy, it keeps the slot,
-            # QUEUED, until that model drains (on_serve_done).
+            # QUEUED, until that model drains (on_finish).
             self._ledger.dispatch(ticket)
-
-    # ---------------------------------------------------------------- queues
-
-    def _queued(self) -> Iterator[Ticket]:
-        for lane in self._lanes.values():
-            yield from lane.by_score
-
-    def _unqueue(self, ticket: Ticket) -> bool:
-        lane = self._lanes.get(ticket.model)
-        if lane is None or not lane.remove(ticket):
-            return False
-        self._waiting -= 1
-        return True
-
-    def _pop_best(self, model: str) -> Ticket | None:
-        lane = self._lanes.get(model)
-        head = None if lane is None else lane.by_score.peek()
-        if head is not None:
-            self._unqueue(head)
-        return head
-
-    def _fail_queued(self, models: Collection[str] | None, error: RequestError) -> None:
-        for model, lane in list(self._lanes.items()):
-            if models is None or model in models:
-                for ticket in lane.by_score.ordered():
-                    self._unqueue(ticket)
-                    self._ledger.fail(ticket, error)

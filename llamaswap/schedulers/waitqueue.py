@@ -1,33 +1,20 @@
-"""The priority wait queue: where a request waits for its turn.
+"""The priority wait queue: the order in which waiting requests are considered.
 
-Two halves, one per concern:
-
-* ``PriorityWaitQueue`` orders waiting items by a sort key. It is pure (no Trio), so the
-  schedulers that hold one are tested as synchronous state machines. Push, pop, peek and
-  remove are O(log n) (removal is lazy: the entry is marked and skipped when it surfaces).
-* ``Waiter`` parks one task until the scheduler wakes it, Trio-natively (like
-  ``trio.ParkingLot``, with ``wait_task_rescheduled``). Waking is synchronous. A parked
-  task that is cancelled calls its ``on_abandon`` hook *synchronously, from the abort
-  callback*: the scheduler removes it from its queue at that very moment, so no later
-  decision can pick a request whose client has gone.
-
-**Invariant: a scheduler never wakes an abandoned waiter, and a woken waiter is never
-abandoned.** ``on_abandon`` runs inside Trio's cancellation delivery, so it (and every
-scheduler effect it causes) must be synchronous and must not deliver a cancellation to
-another waiter: effects only reschedule parked tasks, start tasks, and cancel swap tasks.
+``PriorityWaitQueue`` orders waiting items by a sort key. It is pure (no Trio), so the
+schedulers that hold one are tested as synchronous state machines. Push, peek and remove
+are O(log n) (removal is lazy: the entry is marked and skipped when it surfaces). Where the
+request's *task* waits — parked Trio-natively until the scheduler's decision is applied —
+is the router's ``Lease`` (``router/lease.py``).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any, Generic, TypeVar, final
 
-import outcome
-import trio
-
-__all__ = ["PriorityWaitQueue", "Waiter"]
+__all__ = ["PriorityWaitQueue"]
 
 T = TypeVar("T", bound=Hashable)
 
@@ -85,51 +72,3 @@ class PriorityWaitQueue(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         """Every item in no particular order."""
         return iter(list(self._entries))
-
-
-@final
-class Waiter:
-    """One task parked until it is granted (``wake()``) or failed (``wake(error)``).
-
-    Args:
-        on_abandon: called synchronously if the parked task is cancelled before a wake.
-    """
-
-    def __init__(self, on_abandon: Callable[[], None]) -> None:
-        self._on_abandon = on_abandon
-        self._task: trio.lowlevel.Task | None = None
-        self._outcome: outcome.Outcome[None] | None = None
-
-    @property
-    def woken(self) -> bool:
-        return self._outcome is not None
-
-    def wake(self, error: BaseException | None = None) -> None:
-        """Let the waiting task go on, or raise ``error`` in it. Synchronous; once only."""
-        if self._outcome is not None:
-            raise RuntimeError("waiter woken twice")
-        self._outcome = outcome.Value(None) if error is None else outcome.Error(error)
-        if self._task is not None:
-            task, self._task = self._task, None
-            trio.lowlevel.reschedule(task)
-
-    async def wait(self) -> None:
-        """Park until woken; raises the error given to ``wake``.
-
-        *Cancellation*: cancelled while parked, the waiter calls ``on_abandon`` at once and
-        raises ``Cancelled``. Once woken it is no longer cancellable here: the caller owns
-        whatever was granted and must release it in a ``finally``.
-        """
-        if self._outcome is None:
-            self._task = trio.lowlevel.current_task()
-
-            def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-                self._task = None
-                self._on_abandon()
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            await trio.lowlevel.wait_task_rescheduled(abort)
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        assert self._outcome is not None
-        self._outcome.unwrap()

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_pick.py
 
-Each pick is the whole path the proxy runs when the slot frees: ``on_serve_done`` for the
+Each pick is the whole path the proxy runs when the slot frees: ``on_finish`` for the
 request in the slot, the choice among the lanes (with affinity and the changed-pick
 counters), and the grant of the next one. Printed beside it: a naive pick that rescans
 every waiting request (what the efficient pick avoids), measured on the same queue.
@@ -22,20 +22,23 @@ from llamaswap.config.model import GroupConfig
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import SerialScheduler, Ticket
-from tests.fakes import FakeEffects
+from tests.fakes import Driven, FakeWorld
 
 MODELS = ("chat", "coder", "embed", "vision")
 PICKS = 2000
 
 
-def build(waiting: int) -> tuple[SerialScheduler, FakeEffects, Ticket]:
+def build(waiting: int) -> tuple[Driven[SerialScheduler], FakeWorld, Ticket]:
     rng = random.Random(waiting)
-    effects = FakeEffects()
+    effects = FakeWorld()
     # Every model ready and able to run together: each pick is a grant, no swap.
     groups = {"all": GroupConfig(members=MODELS, swap=False, exclusive=False)}
     for model in MODELS:
         effects.states[model] = ModelState.READY
-    scheduler = SerialScheduler(effects, GroupSwapper(groups), limits=dict.fromkeys(MODELS, 10**9))
+    scheduler = Driven(
+        SerialScheduler(effects, GroupSwapper(groups), limits=dict.fromkeys(MODELS, 10**9)),
+        effects,
+    )
     holder = Ticket("chat", seq=0)
     scheduler.on_request(holder)
     for seq in range(1, waiting + PICKS + 1):
@@ -46,7 +49,8 @@ def build(waiting: int) -> tuple[SerialScheduler, FakeEffects, Ticket]:
     return scheduler, effects, holder
 
 
-def naive_pick(scheduler: SerialScheduler, queued: list[Ticket]) -> Ticket:
+def naive_pick(driven: Driven[SerialScheduler], queued: list[Ticket]) -> Ticket:
+    scheduler = driven.scheduler
     affinity = {model: scheduler.affinity(model) for model in MODELS}
     return max(queued, key=lambda t: scheduler._rank(t, affinity[t.model]))
 
@@ -56,10 +60,10 @@ def measure(waiting: int) -> tuple[float, float]:
     effects.time += 1.0
     started = time.perf_counter()
     for _ in range(PICKS):
-        scheduler.on_serve_done(holder)
+        scheduler.on_finish(holder)
         holder = effects.granted[-1]
     efficient = (time.perf_counter() - started) / PICKS
-    queued = list(scheduler._queued())
+    queued = list(scheduler.scheduler._lanes)
     rounds = max(1, 200_000 // len(queued))
     started = time.perf_counter()
     for _ in range(rounds):

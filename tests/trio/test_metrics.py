@@ -9,13 +9,13 @@ from llamaswap.observability import Metrics
 from llamaswap.process import ModelSupervisor
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import FifoScheduler
-from tests.fakes import FakeEffects, FakeProbe, FakeSpawner
+from tests.fakes import FakeProbe, FakeSpawner, FakeWorld
 
 
 async def test_metrics_has_every_band_from_the_start(nursery: trio.Nursery) -> None:
-    effects = FakeEffects()
+    world = FakeWorld()
     spawner = FakeSpawner(nursery)
-    scheduler = FifoScheduler(effects, GroupSwapper({}), limits={})
+    scheduler = FifoScheduler(world, GroupSwapper({}), limits={})
     config = Config(models={"m": ModelConfig(cmd=("x",), proxy="http://m")})
     supervisors = {
         "m": ModelSupervisor(

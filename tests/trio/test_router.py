@@ -19,6 +19,7 @@ from llamaswap.config.model import (
 )
 from llamaswap.errors import (
     ConcurrencyLimit,
+    InternalError,
     ModelStartFailed,
     ModelUnloaded,
     RequestError,
@@ -26,14 +27,15 @@ from llamaswap.errors import (
 )
 from llamaswap.process import ModelState
 from llamaswap.router import Router
-from llamaswap.schedulers import Ticket
+from llamaswap.router.lease import Lease
+from llamaswap.schedulers import Decision, Grant, JoinSwap, StartSwap, Ticket
 from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
 
 S = ModelState
 
 
-def lease(router: Router, model: str, *, priority: int = 0) -> AbstractAsyncContextManager[Ticket]:
-    return router.acquire(router.ticket(model, priority=priority))
+def lease(router: Router, model: str, *, priority: int = 0) -> AbstractAsyncContextManager[Lease]:
+    return router.acquire(router.lease(model, priority=priority))
 
 
 async def record_failure(router: Router, model: str, failures: list[RequestError]) -> None:
@@ -328,7 +330,7 @@ async def test_a_grant_is_released_even_if_cancelled_before_the_block_runs(
     spawner.script = Script(healthy_after=1.0)
     router = await start_router(nursery, spawner, recorder, a=model(1))
 
-    async def slow_to_stop(ticket: Ticket) -> None:
+    async def slow_to_stop(lease: Lease) -> None:
         try:
             await trio.sleep_forever()
         finally:
@@ -336,9 +338,168 @@ async def test_a_grant_is_released_even_if_cancelled_before_the_block_runs(
                 await trio.sleep(5.0)
 
     with trio.move_on_after(3.0) as request:
-        async with router.acquire(router.ticket("a"), while_waiting=slow_to_stop):
+        async with router.acquire(router.lease("a"), while_waiting=slow_to_stop):
             pytest.fail("the block must not run: the request was cancelled")
     assert request.cancelled_caught
-    assert router.scheduler.statistics().serving == 0
-    assert router.supervisors["a"].in_flight == 0
+    assert router.in_flight("a") == 0
+    assert router.requests() == []
     await router.shutdown(grace=0.0)  # returns at once: nothing is being served
+
+
+class _Broken(Exception):
+    pass
+
+
+def break_scheduler(router: Router, event: str, model: str) -> None:
+    """Make the router's scheduler raise in ``event`` for tickets of ``model``."""
+    real = getattr(router.scheduler, event)
+
+    def broken(ticket: Ticket) -> list[Decision]:
+        if ticket.model == model:
+            raise _Broken(f"{event} bug")
+        result: list[Decision] = real(ticket)
+        return result
+
+    setattr(router.scheduler, event, broken)
+
+
+async def test_a_scheduler_bug_on_a_request_fails_that_request_only(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1), boom=model(2))
+    break_scheduler(router, "on_request", "boom")
+    with pytest.raises(InternalError, match="scheduler failed"):
+        async with lease(router, "boom"):
+            pytest.fail("not granted")
+    assert "_Broken: on_request bug" in caplog.text  # with its traceback
+    async with lease(router, "a"):
+        assert router.model_state("a") is S.READY
+    assert router.requests() == []
+
+
+async def test_a_scheduler_bug_on_cancel_never_reaches_trio_cancellation_delivery(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # on_cancel once ran inside the parked task's abort callback, where an exception
+    # crashes the whole Trio run (TrioInternalError). Now only the cancelled task's own
+    # bookkeeping runs there; the scheduler hears of the cancel afterwards.
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
+    break_scheduler(router, "on_cancel", "b")
+    async with lease(router, "a"):
+        with trio.move_on_after(1.0) as waited:
+            async with lease(router, "b"):
+                pytest.fail("b waits while a serves")
+        assert waited.cancelled_caught
+    assert "_Broken: on_cancel bug" in caplog.text
+    async with lease(router, "a"):
+        pass
+
+
+async def test_the_scheduler_hears_a_cancel_before_any_later_event(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    # b is queued behind a serving request for a. b's client goes, and in the same
+    # moment (before b's task runs again) a finishes: the slot frees with b's cancel
+    # not yet reported by b's own task. It must still never be loaded.
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
+    decisions: list[Decision] = []
+    router.add_decision_listener(decisions.append)
+    b_scope = trio.CancelScope()
+
+    async def request_b() -> None:
+        with b_scope:
+            async with lease(router, "b"):
+                pytest.fail("b's client left before its turn")
+
+    async with lease(router, "a"):
+        nursery.start_soon(request_b)
+        await trio.testing.wait_all_tasks_blocked()
+        assert router.scheduler.statistics().waiting == 1
+        b_scope.cancel()  # b's abort runs now; b's task has not run yet
+    assert not [d for d in decisions if isinstance(d, StartSwap) and d.swap.target == "b"]
+    await trio.testing.wait_all_tasks_blocked()
+    assert [p.argv[1] for p in spawner.processes] == ["1"]
+    assert router.requests() == []
+
+
+async def test_decisions_are_published_in_the_order_applied(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    decisions: list[Decision] = []
+    router.add_decision_listener(decisions.append)
+    async with lease(router, "a") as held:
+        assert [type(d) for d in decisions] == [StartSwap, JoinSwap, Grant]
+        assert {getattr(d, "ticket", held.ticket) for d in decisions} == {held.ticket}
+        assert held.info().state == "serving"
+        assert [info.id for info in router.requests()] == [held.id]
+
+
+async def test_cancelling_a_lease_ends_it_with_its_error_wherever_it_is(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=100.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    pending = router.lease("a")
+    failures: list[RequestError] = []
+
+    async def request() -> None:
+        try:
+            async with router.acquire(pending):
+                pytest.fail("cancelled while loading")
+        except RequestError as exc:
+            failures.append(exc)
+
+    nursery.start_soon(request)
+    await recorder.wait_for(S.STARTING, "a")
+    assert pending.info().state == "loading"
+    pending.cancel(ModelUnloaded("a", "cancelled by an operator"))
+    await recorder.wait_for(S.STOPPED, "a")  # nobody else wanted the load: killed
+    assert [str(e) for e in failures] == [
+        "model 'a' was unloaded while the request waited (cancelled by an operator)"
+    ]
+
+
+async def test_a_request_still_running_after_the_shutdown_grace_gets_a_clear_error(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    failures: list[RequestError] = []
+    serving = trio.Event()
+
+    async def long_request() -> None:
+        try:
+            async with lease(router, "a"):
+                serving.set()
+                await trio.sleep_forever()  # a generation longer than the grace
+        except RequestError as exc:
+            failures.append(exc)
+
+    nursery.start_soon(long_request)
+    await serving.wait()
+    t0 = trio.current_time()
+    await router.shutdown(grace=4.0)
+    assert trio.current_time() == t0 + 4.0  # the grace, then at once
+    assert [type(e) for e in failures] == [ShuttingDown]
+    assert "still running after unloadTimeout (4s)" in str(failures[0])
+    assert router.model_state("a") is S.STOPPED

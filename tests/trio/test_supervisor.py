@@ -32,6 +32,7 @@ def recorder() -> StateRecorder:
 def make(nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder) -> Factory:
     async def factory(**overrides: object) -> ModelSupervisor:
         health_check_timeout = float(overrides.pop("health_check_timeout", 30.0))  # type: ignore[arg-type]
+        in_flight = overrides.pop("in_flight", lambda: 0)
         settings: dict[str, object] = {"cmd": ("server", "--port", "9"), "proxy": "http://m:9"}
         settings.update(overrides)
         supervisor = ModelSupervisor(
@@ -41,6 +42,7 @@ def make(nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder) -
             probe=FakeProbe(spawner),
             health_check_timeout=health_check_timeout,
             listener=recorder,
+            in_flight=in_flight,  # type: ignore[arg-type]
             poll_interval=0.25,
         )
         await nursery.start(supervisor.run)
@@ -279,14 +281,18 @@ async def test_ttl_unloads_after_idle_time_from_ready(
 async def test_ttl_counts_from_the_end_of_the_last_request(
     autojump_clock: trio.testing.MockClock, make: Factory, recorder: StateRecorder
 ) -> None:
-    supervisor = await make(ttl=60.0)
+    in_flight = 0
+    supervisor = await make(ttl=60.0, in_flight=lambda: in_flight)
     await supervisor.ensure_ready()
     t0 = trio.current_time()
     await trio.sleep(30.0)
-    supervisor.begin_request()
+    in_flight = 1
+    supervisor.requests_changed()
     await trio.sleep(200.0)  # in flight far longer than the ttl: never unloaded
     assert supervisor.state is S.READY
-    supervisor.end_request()
+    assert supervisor.statistics().in_flight == 1
+    in_flight = 0
+    supervisor.requests_changed()
     await recorder.wait_for(S.STOPPED)
     assert trio.current_time() - t0 == 290.0
 
@@ -379,3 +385,24 @@ async def test_request_stop_is_stopping_on_return_and_stop_waits_for_the_exit(
     assert spawner.last.signals == [(trio.current_time(), signal.SIGTERM)]
     supervisor.request_stop("again")  # nothing running: nothing to do
     assert supervisor.statistics().state is ModelState.STOPPED
+
+
+async def test_readiness_is_seen_within_100ms_of_turning_healthy_at_the_default_interval(
+    autojump_clock: trio.testing.MockClock, spawner: FakeSpawner, nursery: trio.Nursery
+) -> None:
+    from llamaswap.process.supervisor import HEALTH_POLL_INTERVAL
+
+    # Not the `make` factory: its 0.25 s poll interval would hide the default's promise.
+    supervisor = ModelSupervisor(
+        "m",
+        ModelConfig(cmd=("server",), proxy="http://m:9"),
+        spawner=spawner,
+        probe=FakeProbe(spawner),
+        health_check_timeout=30.0,
+    )
+    await nursery.start(supervisor.run)
+    spawner.script = Script(healthy_after=0.51)  # between two polls, 20 ms apart
+    await supervisor.ensure_ready()
+    healthy_at = spawner.last.spawned_at + 0.51
+    assert 0.0 < trio.current_time() - healthy_at < 0.1
+    assert trio.current_time() - healthy_at <= HEALTH_POLL_INTERVAL

@@ -1,4 +1,4 @@
-"""``fifo`` as a pure state machine against a recording FakeEffects."""
+"""``fifo`` as a pure state machine against a recording FakeWorld."""
 
 from __future__ import annotations
 
@@ -10,25 +10,26 @@ from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers.base import TicketState
 from llamaswap.schedulers.fifo import FifoScheduler
-from tests.fakes import FakeEffects, ticket
+from tests.fakes import Driven, FakeWorld, ticket
 
 READY = ModelState.READY
 
 
 def make(
-    effects: FakeEffects,
+    world: FakeWorld,
     *,
     limits: dict[str, int] | None = None,
     priorities: dict[str, int] | None = None,
     groups: dict[str, GroupConfig] | None = None,
-) -> FifoScheduler:
-    return FifoScheduler(
-        effects, GroupSwapper(groups or {}), limits=limits or {}, priorities=priorities
+) -> Driven[FifoScheduler]:
+    scheduler = FifoScheduler(
+        world, GroupSwapper(groups or {}), limits=limits or {}, priorities=priorities
     )
+    return Driven(scheduler, world)
 
 
 def test_ready_model_is_served_at_once_in_parallel() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["a"] = READY
     s = make(fx)
     first, second = ticket("a", 1), ticket("a", 2)
@@ -40,7 +41,7 @@ def test_ready_model_is_served_at_once_in_parallel() -> None:
 
 
 def test_stopped_model_starts_a_swap_that_evicts_the_running_one() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["b"] = READY
     s = make(fx)
     t = ticket("a", 1)
@@ -53,7 +54,7 @@ def test_stopped_model_starts_a_swap_that_evicts_the_running_one() -> None:
 
 
 def test_requests_join_the_load_in_progress() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     tickets = [ticket("a", i) for i in range(3)]
     for t in tickets:
@@ -65,7 +66,7 @@ def test_requests_join_the_load_in_progress() -> None:
 
 
 def test_busy_model_is_never_evicted() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["a"] = READY
     s = make(fx)
     serving = ticket("a", 1)
@@ -74,13 +75,13 @@ def test_busy_model_is_never_evicted() -> None:
     s.on_request(waiting)
     assert fx.swaps == []
     assert waiting.state is TicketState.QUEUED
-    s.on_serve_done(serving)
+    s.on_finish(serving)
     assert fx.last_swap().target == "b"
     assert fx.last_swap().evict == {"a"}
 
 
 def test_same_model_requests_collate() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx)
     blocker = ticket("x", 0)
@@ -89,15 +90,15 @@ def test_same_model_requests_collate() -> None:
     for t in (a1, b1, a2, b2):
         s.on_request(t)
     assert fx.swaps == []
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     swap_a = fx.last_swap()
     assert swap_a.waiters == [a1, a2]
     fx.complete(s, swap_a)
     assert fx.granted[1:] == [a1, a2]
     assert b1.state is TicketState.QUEUED  # would evict 'a', which is serving
-    s.on_serve_done(a1)
+    s.on_finish(a1)
     assert b1.state is TicketState.QUEUED
-    s.on_serve_done(a2)
+    s.on_finish(a2)
     swap_b = fx.last_swap()
     assert swap_b.waiters == [b1, b2]
     fx.complete(s, swap_b)
@@ -105,7 +106,7 @@ def test_same_model_requests_collate() -> None:
 
 
 def test_queue_order_is_effective_priority_then_arrival() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx, priorities={"b": 10})
     blocker = ticket("x", 0)
@@ -120,7 +121,7 @@ def test_queue_order_is_effective_priority_then_arrival() -> None:
         s.on_request(t)
     assert [t.effective_priority for t in (a_old, b_low, a_high, c_same)] == [0, 5, 100, 5]
     assert [s.position(t) for t in (a_high, b_low, c_same, a_old)] == [1, 2, 3, 4]
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     # 'a' goes first (a_high), and a_old collates with it; then b before c.
     assert fx.last_swap().waiters == [a_high, a_old]
     assert s.position(a_high) is None
@@ -128,7 +129,7 @@ def test_queue_order_is_effective_priority_then_arrival() -> None:
 
 
 def test_concurrency_limit_counts_waiting_and_serving() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, limits={"a": 2})
     first, second = ticket("a", 1), ticket("a", 2)
     s.on_request(first)
@@ -141,13 +142,13 @@ def test_concurrency_limit_counts_waiting_and_serving() -> None:
     fx.complete(s, fx.last_swap())
     with pytest.raises(ConcurrencyLimit):
         s.on_request(ticket("a", 5))
-    s.on_serve_done(second)
+    s.on_finish(second)
     s.on_request(ticket("a", 6))
-    assert s.statistics().serving == 2
+    assert fx.serving["a"] == 2
 
 
 def test_cancel_while_queued_never_loads() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx)
     blocker = ticket("x", 0)
@@ -155,14 +156,14 @@ def test_cancel_while_queued_never_loads() -> None:
     gone = ticket("a", 1)
     s.on_request(gone)
     s.on_cancel(gone)
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.swaps == []
     assert gone.state is TicketState.DONE
     assert s.statistics().waiting == 0
 
 
 def test_cancelling_the_last_waiter_cancels_the_load() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     first, second = ticket("a", 1), ticket("a", 2)
     s.on_request(first)
@@ -180,7 +181,7 @@ def test_cancelling_the_last_waiter_cancels_the_load() -> None:
 
 
 def test_cancelled_load_unblocks_colliding_requests() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     a, b = ticket("a", 1), ticket("b", 2)
     s.on_request(a)
@@ -191,7 +192,7 @@ def test_cancelled_load_unblocks_colliding_requests() -> None:
 
 
 def test_parallel_swaps_when_they_do_not_collide() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     groups = {
         "g1": GroupConfig(members=("a", "b"), exclusive=False),
         "g2": GroupConfig(members=("c", "d"), exclusive=False),
@@ -205,7 +206,7 @@ def test_parallel_swaps_when_they_do_not_collide() -> None:
 
 
 def test_failed_load_fails_every_waiter_and_the_next_request_retries() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     waiters = [ticket("a", 1), ticket("a", 2)]
     for t in waiters:
@@ -219,7 +220,7 @@ def test_failed_load_fails_every_waiter_and_the_next_request_retries() -> None:
 
 
 def test_unload_fails_waiters_of_that_model_only() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx)
     blocker = ticket("x", 0)
@@ -234,7 +235,7 @@ def test_unload_fails_waiters_of_that_model_only() -> None:
 
 
 def test_unload_of_a_loading_model_cancels_its_swap() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     loading = ticket("a", 1)
     s.on_request(loading)
@@ -245,7 +246,7 @@ def test_unload_of_a_loading_model_cancels_its_swap() -> None:
 
 
 def test_shutdown_fails_everything_and_refuses_new_requests() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx)
     serving = ticket("x", 0)
@@ -256,23 +257,23 @@ def test_shutdown_fails_everything_and_refuses_new_requests() -> None:
     assert [t for t, _ in fx.failed] == [queued]
     with pytest.raises(ShuttingDown):
         s.on_request(loading)
-    s.on_serve_done(serving)
+    s.on_finish(serving)
     assert fx.swaps == []
 
 
 def test_crash_of_a_busy_blocker_rechecks_the_queue() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx)
     blocker = ticket("x", 0)
     s.on_request(blocker)
     s.on_request(ticket("a", 1))
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.last_swap().evict == {"x"}
 
 
 def test_statistics_by_band() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     fx.states["x"] = READY
     s = make(fx)
     s.on_request(ticket("x", 0, priority=100))

@@ -1,4 +1,4 @@
-"""``serial`` as a pure state machine against a recording FakeEffects."""
+"""``serial`` as a pure state machine against a recording FakeWorld."""
 
 from __future__ import annotations
 
@@ -12,29 +12,30 @@ from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers.base import Ticket, TicketState
 from llamaswap.schedulers.serial import SerialScheduler
-from tests.fakes import FakeEffects, ticket
+from tests.fakes import Driven, FakeWorld, ticket
 
 READY = ModelState.READY
 
 
 def make(
-    effects: FakeEffects,
+    world: FakeWorld,
     *,
     aging: float = 60.0,
     bonus: int = 10,
     limits: dict[str, int] | None = None,
     groups: dict[str, GroupConfig] | None = None,
-) -> SerialScheduler:
-    return SerialScheduler(
-        effects,
+) -> Driven[SerialScheduler]:
+    scheduler = SerialScheduler(
+        world,
         GroupSwapper(groups or {}),
         limits=limits or {},
         aging_divisor=aging,
         swap_affinity_bonus=bonus,
     )
+    return Driven(scheduler, world)
 
 
-def hold_slot(fx: FakeEffects, s: SerialScheduler, model: str = "x") -> Ticket:
+def hold_slot(fx: FakeWorld, s: Driven[SerialScheduler], model: str = "x") -> Ticket:
     """Put a request for a ready ``model`` in the slot, so later ones queue."""
     fx.states[model] = READY
     blocker = ticket(model, 0, arrival=fx.time)
@@ -43,13 +44,13 @@ def hold_slot(fx: FakeEffects, s: SerialScheduler, model: str = "x") -> Ticket:
     return blocker
 
 
-def order_served(fx: FakeEffects, s: SerialScheduler, blocker: Ticket) -> list[Ticket]:
+def order_served(fx: FakeWorld, s: Driven[SerialScheduler], blocker: Ticket) -> list[Ticket]:
     """Release the slot repeatedly, completing loads, and return the dispatch order."""
     served: list[Ticket] = []
     current = blocker
     while True:
         before = len(fx.granted), len(fx.swaps)
-        s.on_serve_done(current)
+        s.on_finish(current)
         if len(fx.swaps) > before[1]:
             fx.complete(s, fx.last_swap())
         if len(fx.granted) == before[0]:
@@ -59,7 +60,7 @@ def order_served(fx: FakeEffects, s: SerialScheduler, blocker: Ticket) -> list[T
 
 
 def test_one_request_at_a_time_across_models() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     blocker = hold_slot(fx, s, "a")
     same_model = ticket("a", 1)
@@ -70,7 +71,7 @@ def test_one_request_at_a_time_across_models() -> None:
 
 
 def test_bands_and_offsets_inside_a_band() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, bonus=0)
     blocker = hold_slot(fx, s)
     batch = ticket("a", 1, priority=-100)
@@ -84,7 +85,7 @@ def test_bands_and_offsets_inside_a_band() -> None:
 
 
 def test_ties_go_to_the_earliest_arrival() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, aging=0.0, bonus=0)
     blocker = hold_slot(fx, s)
     tickets = [ticket("a", i, arrival=0.0) for i in range(1, 5)]
@@ -94,7 +95,7 @@ def test_ties_go_to_the_earliest_arrival() -> None:
 
 
 def test_affinity_beats_an_older_equal_priority_request() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     blocker = hold_slot(fx, s, "a")
     older_b = ticket("b", 1, arrival=1.0)
@@ -102,14 +103,14 @@ def test_affinity_beats_an_older_equal_priority_request() -> None:
     s.on_request(older_b)
     s.on_request(newer_a)
     fx.time = 3.0
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.granted[-1] is newer_a  # 'a' is loaded: +10 beats one second of aging
     assert newer_a.score == pytest.approx(10 + 1 / 60)
     assert s.statistics().affinity_changed_picks == 1
 
 
 def test_affinity_never_beats_a_full_band_and_is_capped_at_99() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, aging=0.0, bonus=5000)  # configured far above the cap
     blocker = hold_slot(fx, s, "a")
     loaded = ticket("a", 1, priority=0)
@@ -120,14 +121,14 @@ def test_affinity_never_beats_a_full_band_and_is_capped_at_99() -> None:
 
 
 def test_at_99_higher_affinity_ties_and_arrival_decides() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, aging=0.0, bonus=99)
     blocker = hold_slot(fx, s, "a")
     loaded = ticket("a", 1, priority=0)  # 0 + 99
     higher = ticket("b", 2, priority=99)  # 99 + 0, arrived later
     s.on_request(higher)
     s.on_request(loaded)
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.granted[-1] is loaded
 
 
@@ -137,19 +138,19 @@ def test_aging_overtakes_exactly_when_the_bands_are_closed(
 ) -> None:
     # batch (-100) at t=0 versus interactive (+100): 200 points apart, 60 s per point,
     # so an interactive request arriving more than 12 000 s later loses to the old batch.
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, bonus=0)
     blocker = hold_slot(fx, s)
     s.on_request(ticket("b", 1, priority=-100, arrival=0.0))
     s.on_request(ticket("a", 2, priority=100, arrival=interactive_arrival))
     fx.time = 13000.0
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.last_swap().target == first
     assert s.statistics().aging_changed_picks == (1 if first == "b" else 0)
 
 
 def test_aging_zero_restores_strict_priority_then_arrival() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, aging=0.0, bonus=0)
     blocker = hold_slot(fx, s)
     old_batch = ticket("a", 1, priority=-100, arrival=0.0)
@@ -161,18 +162,18 @@ def test_aging_zero_restores_strict_priority_then_arrival() -> None:
 
 
 def test_changed_pick_counters_need_two_candidates() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     blocker = hold_slot(fx, s, "a")
     s.on_request(ticket("b", 1, arrival=0.0))
     fx.time = 1.0
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     stats = s.statistics()
     assert (stats.aging_changed_picks, stats.affinity_changed_picks) == (0, 0)
 
 
 def test_a_load_holds_the_slot_and_nothing_is_preempted() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     loading = ticket("a", 1)
     s.on_request(loading)
@@ -183,12 +184,12 @@ def test_a_load_holds_the_slot_and_nothing_is_preempted() -> None:
     fx.complete(s, swap)
     assert fx.granted == [loading]
     assert urgent.state is TicketState.QUEUED
-    s.on_serve_done(loading)
+    s.on_finish(loading)
     assert fx.last_swap().target == "b"
 
 
 def test_cancel_during_load_with_nobody_else_frees_the_slot_at_once() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     loading = ticket("a", 1)
     s.on_request(loading)
@@ -203,7 +204,7 @@ def test_cancel_during_load_with_nobody_else_frees_the_slot_at_once() -> None:
 
 
 def test_cancel_during_load_hands_the_load_to_another_request_for_that_model() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     loading = ticket("a", 1)
     s.on_request(loading)
@@ -221,7 +222,7 @@ def test_cancel_during_load_hands_the_load_to_another_request_for_that_model() -
 
 
 def test_cancel_while_queued_never_loads_and_frees_the_reservation() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx, limits={"a": 1})
     blocker = hold_slot(fx, s)
     gone = ticket("a", 1)
@@ -230,13 +231,13 @@ def test_cancel_while_queued_never_loads_and_frees_the_reservation() -> None:
     again = ticket("a", 2)
     s.on_request(again)  # the one place for 'a' is free again
     s.on_cancel(again)
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.swaps == []
     assert s.statistics().waiting == 0
 
 
 def test_failure_fans_out_to_waiters_of_the_same_model() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     first = ticket("a", 1, priority=10)
     s.on_request(first)
@@ -251,7 +252,7 @@ def test_failure_fans_out_to_waiters_of_the_same_model() -> None:
 
 
 def test_unload_fails_waiters_of_that_model_and_frees_the_slot() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     loading = ticket("a", 1)
     s.on_request(loading)
@@ -267,7 +268,7 @@ def test_unload_fails_waiters_of_that_model_and_frees_the_slot() -> None:
 
 
 def test_pages_skip_the_slot_when_their_model_is_ready() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     blocker = hold_slot(fx, s, "a")
     props = Ticket("a", seq=1, needs_slot=False)
@@ -276,13 +277,13 @@ def test_pages_skip_the_slot_when_their_model_is_ready() -> None:
     cold_props = Ticket("b", seq=2, needs_slot=False)
     s.on_request(cold_props)  # its model must load: it waits for the slot like the rest
     assert cold_props.state is TicketState.QUEUED
-    s.on_serve_done(props)
-    s.on_serve_done(blocker)
+    s.on_finish(props)
+    s.on_finish(blocker)
     assert fx.last_swap().waiters == [cold_props]
 
 
 def test_a_swap_waits_for_a_busy_page_to_finish() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     fx.states["a"] = READY
     props = Ticket("a", seq=1, needs_slot=False)
@@ -291,12 +292,12 @@ def test_a_swap_waits_for_a_busy_page_to_finish() -> None:
     s.on_request(wants_b)
     assert fx.swaps == []  # it holds the slot, but 'a' is serving a page
     assert s.statistics().slot_holder == "b"
-    s.on_serve_done(props)
+    s.on_finish(props)
     assert fx.last_swap().evict == {"a"}
 
 
 def test_shutdown_fails_every_waiter() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     blocker = hold_slot(fx, s)
     queued = ticket("a", 1)
@@ -305,12 +306,12 @@ def test_shutdown_fails_every_waiter() -> None:
     assert [t for t, _ in fx.failed] == [queued]
     with pytest.raises(ShuttingDown):
         s.on_request(ticket("a", 2))
-    s.on_serve_done(blocker)
+    s.on_finish(blocker)
     assert fx.swaps == []
 
 
 def test_position_uses_the_pick_order() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     blocker = hold_slot(fx, s, "a")
     b_high = ticket("b", 1, priority=5)
@@ -320,11 +321,11 @@ def test_position_uses_the_pick_order() -> None:
         s.on_request(t)
     assert [s.position(t) for t in (a_loaded, b_high, b_low)] == [1, 2, 3]
     assert s.position(blocker) is None
-    assert s.choose() is a_loaded
+    assert s.scheduler.choose() is a_loaded
 
 
 def test_statistics_by_band() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     hold_slot(fx, s)
     s.on_request(ticket("a", 1, priority=100, arrival=0.0))
@@ -339,7 +340,7 @@ def test_statistics_by_band() -> None:
 
 
 def test_pages_do_not_hold_off_a_swap_waiting_for_their_model() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     fx.states["a"] = READY
     first_page = Ticket("a", seq=1, needs_slot=False)
@@ -349,15 +350,15 @@ def test_pages_do_not_hold_off_a_swap_waiting_for_their_model() -> None:
     later_page = Ticket("a", seq=3, needs_slot=False)
     s.on_request(later_page)
     assert later_page.state is TicketState.QUEUED  # not let through: 'a' must drain
-    s.on_serve_done(first_page)
+    s.on_finish(first_page)
     assert fx.last_swap().waiters == [wants_b]
 
 
 def test_scores_of_huge_priorities_stay_finite() -> None:
-    fx = FakeEffects()
+    fx = FakeWorld()
     s = make(fx)
     huge = ticket("a", 1, priority=10**400)
     s.on_request(huge)
     assert huge.score == sys.float_info.max
     tiny = ticket("b", 2, priority=-(10**400))
-    assert s.score(tiny, affinity=False) == -sys.float_info.max
+    assert s.scheduler.score(tiny, affinity=False) == -sys.float_info.max

@@ -1,0 +1,208 @@
+"""Leases: where a request's task waits, and the one count of requests in flight.
+
+A *lease* is one admitted request's hold on its model, owned by the router::
+
+    ADMITTED ──grant──▶ GRANTED ──release──▶ RELEASED
+        │  └──fail───▶ FAILED ──────────────▶ RELEASED
+        └──cancelled while parked──▶ ABANDONED ──the scheduler is told──▶ RELEASED
+
+While ADMITTED its task is parked Trio-natively (``wait_task_rescheduled``, like
+``trio.ParkingLot``) until the router applies the scheduler's ``Grant`` or ``Fail``.
+**The abort callback of a parked task only unparks it and notes the lease as abandoned:
+no scheduler code runs inside Trio's cancellation delivery.** The router tells the
+scheduler about every abandoned lease before it delivers any other event, so no decision
+is ever made about a request whose client has gone. **A woken lease is never abandoned**:
+whatever was granted belongs to the request, which releases it in ``finally``.
+
+``Leases`` keeps the single count of granted, unreleased requests per model. Busy-eviction
+(through the scheduler's ``World``), the TTL clock (through the supervisor) and the
+shutdown drain all read this one count.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Iterator, Mapping
+from typing import final
+
+import attrs
+import outcome
+import trio
+
+from llamaswap.errors import RequestError
+from llamaswap.schedulers import Ticket, band_of
+
+__all__ = ["Lease", "LeaseState", "Leases", "RequestInfo"]
+
+
+class LeaseState(enum.Enum):
+    ADMITTED = "admitted"  # with the scheduler: queued, or waiting for a load
+    GRANTED = "granted"  # may use its model until released
+    FAILED = "failed"  # woken with an error
+    ABANDONED = "abandoned"  # cancelled while parked; the scheduler is not told yet
+    RELEASED = "released"
+
+
+@attrs.frozen
+class RequestInfo:
+    """A snapshot of one admitted request: what the proxy, the metrics and the API read."""
+
+    id: int
+    model: str
+    priority: int  # the header's
+    effective_priority: int  # what the scheduler dispatches by
+    band: str
+    state: str  # queued, loading, serving, done
+    arrival: float
+    dispatched_at: float | None
+    score: float | None
+    metadata: Mapping[str, object]
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.dispatched_at is None else self.dispatched_at - self.arrival
+
+
+@final
+class Lease:
+    """One admitted request's hold on its model. Made by ``Router.lease``."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.state = LeaseState.ADMITTED
+        #: Cancelling it ends the request wherever it is (``cancel``).
+        self.scope = trio.CancelScope()
+        self.cancel_error: RequestError | None = None
+        self._abandoned: collections.deque[Lease] | None = None
+        self._task: trio.lowlevel.Task | None = None
+        self._outcome: outcome.Outcome[None] | None = None
+
+    @property
+    def id(self) -> int:
+        return self.ticket.seq
+
+    @property
+    def woken(self) -> bool:
+        return self._outcome is not None
+
+    def info(self) -> RequestInfo:
+        ticket = self.ticket
+        return RequestInfo(
+            id=ticket.seq,
+            model=ticket.model,
+            priority=ticket.priority,
+            effective_priority=ticket.effective_priority,
+            band=band_of(ticket.effective_priority),
+            state=ticket.state.value,
+            arrival=ticket.arrival,
+            dispatched_at=ticket.dispatched_at,
+            score=ticket.score,
+            metadata=dict(ticket.metadata),
+        )
+
+    def cancel(self, error: RequestError) -> None:
+        """End the request wherever it is, as a disconnect would; its client gets ``error``.
+
+        *Cancellation*: this cancels ``scope``; ``Router.acquire`` turns that into ``error``.
+        """
+        if self.cancel_error is None:
+            self.cancel_error = error
+        self.scope.cancel(reason=str(error))
+
+    def _wake(self, state: LeaseState, error: RequestError | None = None) -> None:
+        if self._outcome is not None:
+            raise RuntimeError(f"request #{self.id} woken twice")
+        self.state = state
+        self._outcome = outcome.Value(None) if error is None else outcome.Error(error)
+        if self._task is not None:
+            task, self._task = self._task, None
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        """Park until granted; raises the error it was failed with.
+
+        *Cancellation*: cancelled while parked, the lease becomes ABANDONED at once (and
+        ``Cancelled`` is raised). Once woken it is no longer cancellable here.
+        """
+        if self._outcome is None:
+            self._task = trio.lowlevel.current_task()
+
+            def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+                # Trio's cancellation delivery: note it, nothing that could raise.
+                self._task = None
+                self.state = LeaseState.ABANDONED
+                assert self._abandoned is not None
+                self._abandoned.append(self)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        assert self._outcome is not None
+        self._outcome.unwrap()
+
+
+@final
+class Leases:
+    """Every admitted request, and how many are in flight per model."""
+
+    def __init__(self) -> None:
+        self._leases: dict[Ticket, Lease] = {}
+        self._in_flight: collections.Counter[str] = collections.Counter()
+        #: Leases cancelled while parked whose cancel the scheduler has not heard yet.
+        self.abandoned: collections.deque[Lease] = collections.deque()
+        self._drained = trio.Event()
+        self._drained.set()
+
+    def __iter__(self) -> Iterator[Lease]:
+        """Every admitted, unreleased request, oldest first."""
+        return iter(list(self._leases.values()))
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def in_flight(self, model: str) -> int:
+        return self._in_flight[model]
+
+    def waiting(self, ticket: Ticket) -> bool:
+        """Whether ``ticket``'s request is parked (or about to be), neither woken nor gone."""
+        lease = self._leases.get(ticket)
+        return lease is not None and lease.state is LeaseState.ADMITTED
+
+    def add(self, lease: Lease) -> None:
+        lease._abandoned = self.abandoned
+        self._leases[lease.ticket] = lease
+
+    def grant(self, ticket: Ticket) -> bool:
+        """Wake ``ticket``'s request, granted; False if it is not waiting any more."""
+        if not self.waiting(ticket):
+            return False
+        self._leases[ticket]._wake(LeaseState.GRANTED)
+        if not self._in_flight:
+            self._drained = trio.Event()
+        self._in_flight[ticket.model] += 1
+        return True
+
+    def fail(self, ticket: Ticket, error: RequestError) -> bool:
+        """Wake ``ticket``'s request with ``error``; False if it is not waiting any more."""
+        if not self.waiting(ticket):
+            return False
+        self._leases[ticket]._wake(LeaseState.FAILED, error)
+        return True
+
+    def release(self, lease: Lease) -> None:
+        """The request is over: forget it, and count it out if it was granted."""
+        if lease.state is LeaseState.GRANTED:
+            model = lease.ticket.model
+            self._in_flight[model] -= 1
+            if not self._in_flight[model]:
+                del self._in_flight[model]
+                if not self._in_flight:
+                    self._drained.set()
+        lease.state = LeaseState.RELEASED
+        self._leases.pop(lease.ticket, None)
+
+    async def drained(self) -> None:
+        """Return once no request is in flight."""
+        await self._drained.wait()
