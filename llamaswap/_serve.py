@@ -29,6 +29,7 @@ from llamaswap.errors import RequestError
 from llamaswap.process import HttpProbe, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
+from llamaswap.router.router import CANCEL_GRACE
 
 __all__ = ["serve"]
 
@@ -41,7 +42,9 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings.accesslog = None
     # Through our logging setup rather than hypercorn's own handler (no double lines).
     settings.errorlog = logging.getLogger("hypercorn.error")
-    settings.graceful_timeout = config.unload_timeout
+    # Past unloadTimeout the router cancels what still runs, each with a clear error:
+    # hypercorn must not cut those connections before the errors are out.
+    settings.graceful_timeout = config.unload_timeout + CANCEL_GRACE
     settings.keep_alive_timeout = 75.0
     settings.keep_alive_max_requests = 2**31  # never close a busy client's connection
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)

@@ -16,8 +16,9 @@ stops generating).
 
 from __future__ import annotations
 
+import collections
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import final
 from urllib.parse import quote
@@ -42,6 +43,7 @@ from llamaswap.errors import (
 )
 from llamaswap.observability import UsageTap
 from llamaswap.router import Router
+from llamaswap.router.lease import Lease
 from llamaswap.router.names import Local, Names, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
@@ -128,7 +130,8 @@ class _Body:
     """The request body, read by the request task; then a watcher waits for the client to go.
 
     hypercorn delivers ``http.disconnect`` after the body's messages, so whoever reads the
-    body sees a disconnect first: the request task while it reads, then, once the body is
+    body sees a disconnect first: the request task while it reads (or, for a body streamed
+    through after the grant, ``prefetch`` while the request waits), then, once the body is
     in, a watcher task started in the request's nursery. Either calls ``on_disconnect``.
     """
 
@@ -143,26 +146,41 @@ class _Body:
         self._limit = limit
         self._nursery = nursery
         self._on_disconnect = on_disconnect
+        self._received = 0
+        self._buffered: collections.deque[bytes] = collections.deque()
         self.disconnected = False
         self.complete = False  # the whole body has arrived
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        received = 0
+    async def _next(self) -> bytes | None:
+        """The next chunk from the client; None once the body is complete."""
         while not self.complete:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 self._gone()
                 await trio.lowlevel.checkpoint()  # on_disconnect cancelled us: raise here
-                return
+                return None
             if message["type"] == "http.request":
-                if chunk := message.get("body", b""):
-                    received += len(chunk)
-                    if received > self._limit:
-                        raise BodyTooLarge(self._limit)
-                    yield chunk
                 if not message.get("more_body", False):
                     self.complete = True
                     self._nursery.start_soon(self._watch)
+                if chunk := message.get("body", b""):
+                    self._received += len(chunk)
+                    if self._received > self._limit:
+                        raise BodyTooLarge(self._limit)
+                    return chunk
+        return None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while self._buffered:
+            yield self._buffered.popleft()
+        while (chunk := await self._next()) is not None:
+            yield chunk
+
+    async def prefetch(self, _: object) -> None:
+        """While the request waits, read ahead into memory (at most ``maxBodyBytes``): a
+        client that leaves while queued is then noticed, and never causes a load."""
+        while (chunk := await self._next()) is not None:
+            self._buffered.append(chunk)
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
@@ -335,8 +353,10 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
             return
         upstream = _Upstream(base, path, query, payload, [])
-        while_waiting = None
-        if model.send_loading_state and _streaming_chat(route, scope, payload):
+        while_waiting: Callable[[Lease], Awaitable[None]] | None = None
+        if payload is None:
+            while_waiting = body.prefetch  # the upload streams through once granted
+        elif model.send_loading_state and _streaming_chat(route, scope, payload):
             exchange.metadata["loading_state"] = True
             while_waiting = partial(
                 report_progress,

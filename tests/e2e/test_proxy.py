@@ -12,7 +12,14 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import FAKE, alive, free_port_base, survivors, wait_until
+from tests.e2e.harness import (
+    FAKE,
+    alive,
+    free_port_base,
+    open_raw_request,
+    survivors,
+    wait_until,
+)
 from tests.e2e.test_fake_server import fake_server, wait_healthy
 
 
@@ -184,6 +191,30 @@ async def test_disconnect_while_queued_never_starts_the_model(
     assert "loading model 'alpha'" not in proxy.output.text()
 
 
+async def test_a_large_upload_that_leaves_while_queued_never_starts_the_model(
+    proxy_factory: StartProxy,
+) -> None:
+    # Over SMALL_BODY, an /upstream body streams through once the model is ready; while
+    # it waits, the proxy must still read ahead to see the client go.
+    proxy = await proxy_factory(TWO_MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            long = chat("beta", stream=True, max_tokens=40)  # about a second of streaming
+            async with client.stream("POST", "/v1/chat/completions", json=long) as busy:
+                assert busy.status_code == 200
+                mark = len(proxy.output.lines)
+                path = "/upstream/alpha/v1/chat/completions"
+                upload = await open_raw_request(proxy.url, path, b" " * 400_000)
+                await proxy.output.wait_for(r"request #\d+ for 'alpha': queued", start=mark)
+                await upload.aclose()
+                async for _ in busy.aiter_bytes():
+                    pass
+            # beta drained: a queued alpha would start now. It must not.
+            after = await client.post("/v1/chat/completions", json=chat("beta"))
+            assert after.status_code == 200
+    assert "loading model 'alpha'" not in proxy.output.text()
+
+
 @pytest.mark.parametrize("scheduler", ["fifo", "serial"])
 async def test_abandoned_load_kills_the_starting_process(
     proxy_factory: StartProxy, nursery: trio.Nursery, scheduler: str
@@ -326,3 +357,42 @@ async def test_models_outlive_idle_time_but_die_with_a_killed_llamaswap(
     os.kill(proxy.process.pid, signal.SIGKILL)
     await wait_until(lambda: not alive(pid), within=2)
     await wait_until(lambda: not survivors(proxy.marker), within=2)
+
+
+async def test_requests_still_running_after_the_shutdown_grace_end_with_a_clear_error(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    # Ten tokens a second, 600 tokens: a minute of generation, far past unloadTimeout.
+    proxy = await proxy_factory(
+        config('[models.slow]\ncmd = "${fake} --tokens-per-second 10"', unloadTimeout=1)
+    )
+    streamed: list[bytes] = []
+    answered: list[httpx.Response] = []
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/slow")).status_code == 200
+
+            async def plain() -> None:
+                body = chat("slow", max_tokens=600)
+                answered.append(await client.post("/v1/chat/completions", json=body))
+
+            nursery.start_soon(plain)
+            body = chat("slow", stream=True, max_tokens=600)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                async for chunk in stream.aiter_raw():
+                    if not streamed:  # both requests are being served: stop llamaswap
+                        async with proxy.client() as probe:
+                            while (await running(probe))["slow"]["in_flight"] != 2:  # noqa: ASYNC110
+                                await trio.sleep(0.05)  # polling HTTP, bounded by fail_after
+                        proxy.process.send_signal(signal.SIGTERM)
+                    streamed.append(chunk)
+            with trio.fail_after(10):
+                assert await proxy.process.wait() == 0
+            await wait_until(lambda: bool(answered), within=5)
+    last = b"".join(streamed).strip().rsplit(b"\n\n", 1)[-1]
+    assert last.startswith(b"data: {")
+    error = json.loads(last[len(b"data: ") :])["error"]
+    assert error["code"] == "shutting_down"
+    assert "still running after unloadTimeout (1s)" in error["message"]
+    assert answered[0].status_code == 503
+    assert answered[0].json()["error"]["code"] == "shutting_down"
