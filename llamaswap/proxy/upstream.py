@@ -4,16 +4,37 @@ Why not httpx here: a proxy runs its client side on every request, just like its
 side, and httpx's generality (auth and redirect flows, cookies, a pool with locks and a
 state machine per connection) costs about 0.4 ms of CPU per request more than h11 driven
 directly (measured side by side: docs/performance.md). A proxy needs none of it: it sends
-the request it was given and relays the answer. httpx stays for health probes and tests.
+the request it was given and relays the answer. Readiness probes use this pool too, so a
+probe reaches a model exactly as a request does (no ``HTTP(S)_PROXY`` from the environment).
 
-The pool keeps idle connections per origin, newest first. A connection goes back only
-when both sides finished the exchange cleanly; anything else (an error, a cancellation
-anywhere, a response not read to its end) closes it. Before reuse, an idle connection
-the server has closed (readable while idle: EOF) is dropped, and one idle longer than
-``idle_timeout`` is closed, below the 5 s keep-alive of common servers (llama-server's
-cpp-httplib, hypercorn, uvicorn). If a reused connection still fails before any answer
-arrives (the server closed it at that very moment), a request whose body is in memory is
-sent again once on a new connection.
+What it keeps of httpcore's habits, as rules:
+
+* A connection goes back to the pool only when both sides finished the exchange cleanly
+  (h11 says DONE for both, no write failed, the server did not say ``Connection: close``);
+  anything else (an error, a cancellation anywhere, a response not read to its end) closes
+  it at once.
+* Idle connections are bounded by age (``idle_timeout``, below the 5 s keep-alive of
+  llama-server's cpp-httplib, hypercorn and uvicorn) and by count (``max_idle_per_origin``,
+  the oldest go first). Expired ones are closed, not just forgotten: the checkout sweeps its
+  origin, the checkin every origin. A checked-out connection the server has closed (readable
+  while idle: EOF) is closed and the next one tried.
+* A write that fails is not the end: the server may have answered early (413 to a large
+  upload) and closed, and that answer is what the caller gets. h11 reads a response while
+  our side is mid-body; the connection is never reused after it. (Not over TLS: trio's
+  TLS stream is broken by a failed write, so there the write's error is the failure.)
+* A request is sent again, once, on a new connection, only if it failed on a reused
+  connection before any answer and either no byte of it reached the socket, or it is
+  idempotent (RFC 9110 §9.2.2: GET, HEAD, OPTIONS, TRACE, PUT, DELETE) with its body in
+  memory. So a POST that may have reached the server is never sent twice (Go's net/http
+  Transport, which llama-swap uses, has this rule, replaying only GET, HEAD, OPTIONS and
+  TRACE). Over TLS a failed write counts as written: the TLS layer hides how far it got.
+* TLS is ``https_compatible``: a server closing without close_notify ends a body delimited
+  by the connection's end (RFC 2818 §2.2: HTTP's own framing detects truncation).
+* h11 does the rest: HEAD responses have no body whatever their Content-Length, 1xx interim
+  responses are skipped, ``Connection: close`` from the server ends the connection.
+
+No background task: expiry happens on the requests' own checkouts and checkins, so with no
+traffic an expired connection waits for the next one (or ``close()``).
 
 *Cancellation*: safe at every ``await``. The connection in use is closed at once (no
 graceful TLS close, no reading to the end), so the server sees the disconnect.
@@ -23,6 +44,7 @@ from __future__ import annotations
 
 import select
 import ssl
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from functools import lru_cache
@@ -37,6 +59,9 @@ __all__ = ["UpstreamFailed", "UpstreamPool", "UpstreamResponse"]
 
 #: Foreign errors that mean "the connection failed", translated to UpstreamFailed.
 _BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError)
+
+#: RFC 9110 §9.2.2: sending these twice has the effect of sending them once.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class UpstreamFailed(Exception):
@@ -71,16 +96,28 @@ def _origin(base: str) -> _Origin:
 
 @final
 class _Connection:
+    """One connection: its stream, h11's view of both sides, and what this exchange wrote."""
+
     def __init__(self, stream: trio.abc.Stream, tcp: trio.SocketStream) -> None:
         self.stream = stream
         self._tcp = tcp
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
         self.idle_since = 0.0
+        self.written = 0  # bytes of this exchange the socket took (TLS: every byte tried)
+        self.broken = False  # a write failed: h11 may say DONE, the stream is not reusable
 
-    async def send(self, event: h11.Event) -> None:
-        data = self.h11.send(event)
-        if data:
+    async def write(self, data: bytes) -> None:
+        if self.stream is not self._tcp:
+            self.written += len(data)
             await self.stream.send_all(data)
+            return
+        # trio's SocketStream.send_all, counting: a send that raises wrote nothing.
+        socket = self._tcp.socket
+        view = memoryview(data)
+        while view:
+            sent = await socket.send(view)
+            self.written += sent
+            view = view[sent:]
 
     async def next_event(self) -> h11.Event:
         while True:
@@ -89,6 +126,10 @@ class _Connection:
                 self.h11.receive_data(bytes(await self.stream.receive_some(65536)))
                 continue
             return event  # type: ignore[return-value]  # h11 types its sentinels loosely
+
+    def reusable(self) -> bool:
+        state = self.h11
+        return not self.broken and state.our_state is state.their_state is h11.DONE
 
     def stale(self) -> bool:
         """Whether the server closed this idle connection (it is readable: EOF or junk)."""
@@ -148,7 +189,7 @@ class UpstreamPool:
         self._idle_timeout = idle_timeout
         self._max_idle = max_idle_per_origin
         self._ssl_context = ssl_context
-        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._idle: dict[_Origin, deque[_Connection]] = {}  # oldest first
 
     @asynccontextmanager
     async def request(
@@ -176,16 +217,21 @@ class UpstreamPool:
             request = h11.Request(method=method, target=origin.prefix + target, headers=head)
         except h11.LocalProtocolError as exc:  # e.g. a header value with a line break
             raise UpstreamFailed(f"cannot send this request: {exc}", answered=False) from exc
-        connection, reused = self._checkout(origin)
+        connection = self._checkout(origin)
+        reused = connection is not None
         try:
             if connection is None:
                 connection = await self._connect(origin)
             try:
                 response = await _exchange(connection, request, body)
             except UpstreamFailed:
-                if not (reused and isinstance(body, bytes)):
+                # The server may have closed the reused connection as we sent: once more,
+                # anew, if that cannot make the server act twice.
+                replayable = method in _IDEMPOTENT and (body is None or isinstance(body, bytes))
+                if not (reused and (connection.written == 0 or replayable)):
                     raise
-                connection.close()  # the server closed it as we sent: once more, anew
+                connection.close()
+                connection = None
                 connection = await self._connect(origin)
                 response = await _exchange(connection, request, body)
             yield response
@@ -193,26 +239,37 @@ class UpstreamPool:
             if connection is not None:
                 self._checkin(origin, connection)
 
-    def _checkout(self, origin: _Origin) -> tuple[_Connection | None, bool]:
+    def _checkout(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)
-        expired_before = trio.current_time() - self._idle_timeout
+        if not idle:
+            return None
+        self._expire(idle)
         while idle:
-            connection = idle.pop()
-            if connection.idle_since >= expired_before and not connection.stale():
-                return connection, True
+            connection = idle.pop()  # the newest: the furthest from the server's timeout
+            if not connection.stale():
+                return connection
             connection.close()
-        return None, False
+        return None
 
     def _checkin(self, origin: _Origin, connection: _Connection) -> None:
-        state = connection.h11
-        idle = self._idle.setdefault(origin, [])
-        done = state.our_state is h11.DONE and state.their_state is h11.DONE
-        if done and len(idle) < self._max_idle:
-            state.start_next_cycle()
+        if connection.reusable():
+            connection.h11.start_next_cycle()
+            connection.written = 0
             connection.idle_since = trio.current_time()
+            idle = self._idle.get(origin)
+            if idle is None:
+                idle = self._idle[origin] = deque()
             idle.append(connection)
         else:
             connection.close()
+        for idle in self._idle.values():
+            self._expire(idle)
+
+    def _expire(self, idle: deque[_Connection]) -> None:
+        """Close the connections idle past ``idle_timeout``, then the oldest beyond the count."""
+        expired_before = trio.current_time() - self._idle_timeout
+        while idle and (len(idle) > self._max_idle or idle[0].idle_since < expired_before):
+            idle.popleft().close()
 
     async def _connect(self, origin: _Origin) -> _Connection:
         try:
@@ -222,7 +279,9 @@ class UpstreamPool:
                     return _Connection(tcp, tcp)
                 if self._ssl_context is None:
                     self._ssl_context = ssl.create_default_context()
-                tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=origin.host)
+                tls = trio.SSLStream(
+                    tcp, self._ssl_context, server_hostname=origin.host, https_compatible=True
+                )
                 try:
                     await tls.do_handshake()
                 except BaseException:
@@ -253,28 +312,42 @@ class UpstreamPool:
 async def _exchange(
     connection: _Connection, request: h11.Request, body: bytes | AsyncIterable[bytes] | None
 ) -> UpstreamResponse:
-    """Send the request and wait for the response's head."""
+    """Send the request and wait for the response's head.
+
+    If a write fails after some bytes went out, the response is read all the same.
+    """
+    send = connection.h11.send
+    failed: BaseException | None = None  # the write that failed
     try:
-        if isinstance(body, bytes):  # the whole request in one write
-            h11_send = connection.h11.send
-            data = h11_send(request) or b""
-            if body:
-                data += h11_send(h11.Data(data=body)) or b""
-            await connection.stream.send_all(data + (h11_send(h11.EndOfMessage()) or b""))
-        else:
-            await connection.send(request)
-            if body is not None:
-                async for chunk in body:
-                    await connection.send(h11.Data(data=chunk))
-            await connection.send(h11.EndOfMessage())
+        try:
+            if isinstance(body, bytes):  # the whole request in one write
+                data = send(request) or b""
+                if body:
+                    data += send(h11.Data(data=body)) or b""
+                await connection.write(data + (send(h11.EndOfMessage()) or b""))
+            else:
+                await connection.write(send(request) or b"")
+                if body is not None:
+                    async for chunk in body:
+                        await connection.write(send(h11.Data(data=chunk)) or b"")
+                await connection.write(send(h11.EndOfMessage()) or b"")
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            connection.broken = True
+            if not connection.written:
+                raise
+            failed = exc  # but the server may have answered before it stopped reading
         while True:
             event = await connection.next_event()
             if isinstance(event, h11.Response):
                 return UpstreamResponse(connection, event)
-            if not isinstance(event, h11.InformationalResponse):  # 100 Continue: read on
-                raise UpstreamFailed("connection closed before an answer", answered=False)
+            if not isinstance(event, h11.InformationalResponse):  # 1xx: read on
+                raise h11.RemoteProtocolError(f"unexpected {event!r}")
     except _BROKEN as exc:
-        raise UpstreamFailed(_describe(exc), answered=False) from exc
+        cause = exc if failed is None else failed
+        if cause is exc and connection.h11.trailing_data[1]:  # EOF: h11 says "SEND_RESPONSE"
+            detail = "the server closed the connection before answering"
+            raise UpstreamFailed(detail, answered=False) from exc
+        raise UpstreamFailed(_describe(cause), answered=False) from cause
 
 
 def _describe(exc: BaseException) -> str:

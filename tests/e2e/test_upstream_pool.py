@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import final
@@ -37,14 +38,20 @@ class Peer:
             self.h11.receive_data(bytes(await self.stream.receive_some(65536)))
         return event  # type: ignore[return-value]
 
-    async def request(self) -> tuple[h11.Request, bytes] | None:
-        """The next request and its body, or None once the client has closed."""
+    async def head(self) -> h11.Request | None:
+        """The next request's head (its body not read yet), or None once the client has closed."""
         if self.h11.states == {h11.CLIENT: h11.DONE, h11.SERVER: h11.DONE}:
             self.h11.start_next_cycle()
         head = await self._next()
         if isinstance(head, h11.ConnectionClosed):
             return None
         assert isinstance(head, h11.Request)
+        return head
+
+    async def request(self) -> tuple[h11.Request, bytes] | None:
+        """The next request and its body, or None once the client has closed."""
+        if (head := await self.head()) is None:
+            return None
         body = b""
         while isinstance(event := await self._next(), h11.Data):
             body += event.data
@@ -210,24 +217,85 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced(
     assert server.connections == 2
 
 
-async def test_a_request_dropped_on_a_reused_connection_is_sent_again_once(
+async def test_a_post_that_may_have_reached_the_server_is_never_sent_again(
     nursery: trio.Nursery, pool: UpstreamPool
 ) -> None:
-    """The server closes a kept-alive connection just as the next request arrives."""
+    """The server reads a whole POST on a kept-alive connection, then closes unanswered:
+    it may have acted on it, so the failure is the caller's, not a second POST."""
     received: list[bytes] = []
 
     async def script(peer: Peer, index: int) -> None:
         while (request := await peer.request()) is not None:
-            received.append(request[0].target)
-            if index == 0 and len(received) == 2:
-                return  # read the request, then close without an answer
-            await peer.respond(b"ok " + request[1])
+            received.append(request[1])
+            if len(received) == 2:
+                return  # read it all, then close without an answer
+            await peer.respond(b"ok")
 
     server = await start_server(nursery, script)
     with trio.fail_after(10):
-        assert await get(pool, server.url, "/one", b"1") == b"ok 1"
-        assert await get(pool, server.url, "/two", b"2") == b"ok 2"
-    assert received == [b"/one", b"/two", b"/two"]
+        assert await get(pool, server.url, "/", b"first") == b"ok"
+        with pytest.raises(UpstreamFailed, match="before answering") as failed:
+            await get(pool, server.url, "/", b"second")
+    assert not failed.value.answered
+    assert received == [b"first", b"second"]
+    assert server.connections == 1
+
+
+async def test_an_idempotent_request_dropped_on_a_reused_connection_is_sent_again_once(
+    nursery: trio.Nursery, pool: UpstreamPool
+) -> None:
+    """The server closes a kept-alive connection just as the next request arrives."""
+    received: list[tuple[int, bytes, bytes]] = []
+
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            received.append((index, request[0].method, request[0].target))
+            if len(received) == 2:
+                return  # read the request, then close without an answer
+            await peer.respond(b"ok")
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        assert await get(pool, server.url, "/one") == b"ok"
+        assert await get(pool, server.url, "/two") == b"ok"
+    assert received == [(0, b"GET", b"/one"), (0, b"GET", b"/two"), (1, b"GET", b"/two")]
+
+
+async def test_a_request_of_which_no_byte_was_written_is_sent_again(
+    nursery: trio.Nursery, pool: UpstreamPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server resets a kept-alive connection just after the pool found it alive: the
+    first write fails, so the server cannot have seen the request, even a streamed POST."""
+    reset = trio.Event()
+    received: list[bytes] = []
+
+    async def script(peer: Peer, index: int) -> None:
+        if index == 0:
+            assert await peer.request() is not None
+            await peer.respond(b"first")
+            assert isinstance(peer.stream, trio.SocketStream)
+            linger = struct.pack("ii", 1, 0)  # close = RST, at once
+            peer.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            peer.stream.socket.close()
+            reset.set()
+            return
+        while (request := await peer.request()) is not None:
+            received.append(request[1])
+            await peer.respond(b"second")
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"streamed"
+
+    server = await start_server(nursery, script)
+    monkeypatch.setattr(_Connection, "stale", lambda self: False)  # the reset comes after
+    with trio.fail_after(10):
+        assert await get(pool, server.url, "/", b"1") == b"first"
+        await reset.wait()
+        [[idle]] = pool._idle.values()
+        await trio.lowlevel.wait_readable(idle._tcp.socket)  # the RST has arrived
+        async with pool.request("POST", server.url, "/", [], body()) as response:
+            assert await response.read() == b"second"
+    assert received == [b"streamed"]
     assert server.connections == 2
 
 
