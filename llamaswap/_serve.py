@@ -19,7 +19,6 @@ import logging
 import signal
 from functools import partial
 
-import httpx
 import hypercorn.config
 import hypercorn.trio
 import trio
@@ -74,10 +73,9 @@ async def serve(
         open_lifeline() as lifeline,
         # No read or write timeout: a slow first token or a long pause is normal.
         UpstreamPool(connect_timeout=10.0) as pool,
-        httpx.AsyncClient() as probe_client,
         trio.open_nursery() as nursery,
     ):
-        router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(probe_client))
+        router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
         app = create_app(config, router, pool)
         await nursery.start(router.run)
         stop_accepting = trio.Event()

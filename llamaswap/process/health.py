@@ -1,10 +1,21 @@
-"""Readiness probes: is the model server answering 200 on its check endpoint?"""
+"""Readiness probes: is the model server answering 200 on its check endpoint?
+
+A probe goes through the forwarding path's ``UpstreamPool``, so it reaches a model exactly
+as a request does: the same connections (a probe's kept-alive connection serves the first
+request), and the same rules, in particular no ``HTTP(S)_PROXY``/``ALL_PROXY`` from the
+environment (with one set and no ``NO_PROXY``, an environment-honouring client would ask
+the proxy for ``127.0.0.1`` and find no model ever ready).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, final
+from typing import TYPE_CHECKING, Protocol, final
+from urllib.parse import urlsplit
 
-import httpx
+import trio
+
+if TYPE_CHECKING:
+    from llamaswap.proxy.upstream import UpstreamPool
 
 __all__ = ["HttpProbe", "Probe"]
 
@@ -16,15 +27,32 @@ class Probe(Protocol):
 
 @final
 class HttpProbe:
-    """Probes over a shared ``httpx.AsyncClient`` (one connection pool for all models)."""
+    """A GET of the check URL through the shared ``UpstreamPool``; 200 means ready.
 
-    def __init__(self, client: httpx.AsyncClient, *, timeout: float = 5.0) -> None:
-        self._client = client
+    Args:
+        pool: the pool the forwarder uses.
+        timeout: seconds for one probe, connecting included; past it the answer is False.
+
+    *Cancellation*: safe; the connection of a probe cut short is closed, not pooled.
+    """
+
+    def __init__(self, pool: UpstreamPool, *, timeout: float = 5.0) -> None:
+        # Imported here, not above: llamaswap.proxy imports the router, which imports us.
+        from llamaswap.proxy.upstream import UpstreamFailed
+
+        self._pool = pool
         self._timeout = timeout
+        self._failed = UpstreamFailed
 
     async def __call__(self, url: str) -> bool:
-        try:
-            response = await self._client.get(url, timeout=self._timeout)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        with trio.move_on_after(self._timeout):
+            try:
+                base = f"{parts.scheme}://{parts.netloc}"
+                async with self._pool.request("GET", base, target, [], None) as response:
+                    await response.read()  # to the end, so the connection can be kept
+                    return response.status == 200
+            except self._failed:
+                return False
+        return False

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import final
 
@@ -162,10 +162,12 @@ async def start_proxy(
     *,
     log_level: str = "debug",
     source: Path = REPO,
+    env: Mapping[str, str] | None = None,
 ) -> ProxyProcess:
     """Start ``python -m llamaswap`` (from ``source``) on ``config`` (TOML text), port 0.
 
-    Its output is collected by a task in ``nursery``; ``stop_proxy`` cleans up.
+    ``env`` adds to (or overrides) its environment. Its output is collected by a task in
+    ``nursery``; ``stop_proxy`` cleans up.
     """
     path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
     path.write_text(config)
@@ -176,7 +178,7 @@ async def start_proxy(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=child_env(marker, source),
+        env={**child_env(marker, source), **(env or {})},
         cwd=source,
     )
     output = Output()
