@@ -25,6 +25,8 @@ pick. Nothing sleeps to "let things happen"; every step waits for an answer.
 The verdicts (``CLAIM ...: yes``/``no``) are computed from the proxy's own records
 (``GET /api/activity`` and ``/metrics``), not from what this script expects. The exit
 status is 0 when every claim holds, 1 when one does not, 2 when the demo could not run.
+``--json PATH`` also writes those records, matched to the requests sent, so that a
+program can check the timeline itself (README.md describes the format).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import dataclasses
 import datetime
 import functools
 import itertools
+import json
 import os
 import re
 import signal
@@ -70,6 +73,11 @@ FEEDER_TOKENS = 20
 FEEDER_DEPTH = 2
 #: How often to re-read /metrics while waiting for the proxy to admit or pick something.
 POLL_SECONDS = 0.02
+#: The counters each scenario reads before and after it plays (and --json writes).
+COUNTERS = (
+    "llamaswap_scheduler_aging_changed_pick_total",
+    "llamaswap_scheduler_affinity_changed_pick_total",
+)
 
 
 class DemoError(Exception):
@@ -111,6 +119,29 @@ class Claim:
 
     def line(self) -> str:
         return f"CLAIM {self.scenario}: {self.text}: {'yes' if self.holds else 'no'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Played:
+    """One scenario's claims, and the data they were computed from (for ``--json``)."""
+
+    scenario: str
+    claims: list[Claim]
+    #: In arrival order: what was sent, and the proxy's activity record of it.
+    requests: list[dict[str, Any]]
+    #: ``COUNTERS`` from /metrics, before and after the scenario.
+    counters: dict[str, dict[str, float]]
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "requests": self.requests,
+            "counters": self.counters,
+            "claims": [
+                {"text": claim.text, "holds": claim.holds, "detail": claim.detail}
+                for claim in self.claims
+            ],
+        }
 
 
 # --------------------------------------------------------------------------- the proxy
@@ -222,6 +253,8 @@ class Experiment:
         self.sent: list[Sent] = []
         self.finished: list[str] = []
         self.failures: list[str] = []
+        #: Each request's activity record, by label (filled in by ``timeline``).
+        self.records: dict[str, dict[str, Any]] = {}
         self.began = trio.current_time()
 
     def say(self, message: str) -> None:
@@ -330,6 +363,7 @@ class Experiment:
                     f"activity record #{record['id']} ({record['model']}, {record['band']}) "
                     f"does not match {label!r}: is someone else using this proxy?"
                 )
+            self.records[label] = record
             arrival = parse_time(record["time"]) - origin
             wait = float(record["queue_wait_ms"]) / 1000
             rows.append(
@@ -347,6 +381,19 @@ class Experiment:
                 )
             )
         return sorted(rows, key=lambda row: row.start)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request in arrival order, with its activity record (after ``timeline``)."""
+        return [
+            {
+                "label": sent.label,
+                "model": sent.model,
+                "priority_header": sent.priority,
+                "order": sent.order,
+                "activity": self.records[sent.label],
+            }
+            for sent in self.sent
+        ]
 
 
 def print_table(rows: Sequence[Row]) -> None:
@@ -378,6 +425,20 @@ def counter_claim(
     return Claim(scenario, f"{name} went up", new > old, f"{old:g} -> {new:g}")
 
 
+def played(
+    scenario: str,
+    lab: Experiment,
+    claims: list[Claim],
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+) -> Played:
+    counters = {
+        "before": {name: before.get(name, 0.0) for name in COUNTERS},
+        "after": {name: after.get(name, 0.0) for name in COUNTERS},
+    }
+    return Played(scenario, claims, lab.requests(), counters)
+
+
 # ------------------------------------------------------------------------ the scenarios
 
 
@@ -389,8 +450,9 @@ async def experiment(name: str, proxy: Proxy, intro: str) -> AsyncIterator[Exper
         yield Experiment(proxy, nursery)
 
 
-async def bands(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
+async def bands(proxy: Proxy, options: argparse.Namespace) -> Played:
     after_id = await proxy.newest_activity_id()
+    before = await proxy.metrics()
     async with experiment(
         "bands", proxy, "interactive requests jump a queue of earlier batch requests"
     ) as lab:
@@ -404,13 +466,14 @@ async def bands(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
         release.set()
         lab.say("hung up on the blocker: the scheduler picks")
     rows = await lab.timeline(after_id)
+    after = await proxy.metrics()
     print_table(rows)
     print("  look for: both interactive rows above every batch row, though they paid for a swap")
     late = [row for row in rows if row.band == "interactive"]
     early = [row for row in rows if row.band == "batch"]
     pairs = [(i, b) for i in late for b in early if b.sent.order < i.sent.order]
     overtaken = sum(1 for i, b in pairs if i.start < b.start)
-    return [
+    claims = [
         Claim(
             "bands",
             "interactive requests started before every batch request that arrived earlier",
@@ -418,9 +481,10 @@ async def bands(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
             f"{overtaken} of {len(pairs)} pairs of an interactive and an earlier batch request",
         )
     ]
+    return played("bands", lab, claims, before, after)
 
 
-async def affinity(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
+async def affinity(proxy: Proxy, options: argparse.Namespace) -> Played:
     after_id = await proxy.newest_activity_id()
     before = await proxy.metrics()
     async with experiment(
@@ -443,7 +507,7 @@ async def affinity(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
     )
     row = {r.sent.label: r for r in rows}
     older, newer = row["older"], row["newer"]
-    return [
+    claims = [
         Claim(
             "affinity",
             "the newer request for the loaded model started before the older one needing a swap",
@@ -454,9 +518,10 @@ async def affinity(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
             "affinity", "llamaswap_scheduler_affinity_changed_pick_total", before, after
         ),
     ]
+    return played("affinity", lab, claims, before, after)
 
 
-async def aging(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
+async def aging(proxy: Proxy, options: argparse.Namespace) -> Played:
     after_id = await proxy.newest_activity_id()
     before = await proxy.metrics()
     async with experiment(
@@ -496,7 +561,7 @@ async def aging(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
         and row.sent.order > old.sent.order
         and row.arrival < old.start < row.start
     ]
-    return [
+    claims = [
         Claim(
             "aging",
             "the old batch request was picked while fresher normal requests were waiting",
@@ -507,6 +572,7 @@ async def aging(proxy: Proxy, options: argparse.Namespace) -> list[Claim]:
         ),
         counter_claim("aging", "llamaswap_scheduler_aging_changed_pick_total", before, after),
     ]
+    return played("aging", lab, claims, before, after)
 
 
 PLAYS = {"bands": bands, "affinity": affinity, "aging": aging}
@@ -573,23 +639,20 @@ def with_start_port(config: Path, port: int, directory: Path) -> Path:
     return copy
 
 
-async def play(url: str, scenarios: Sequence[str], options: argparse.Namespace) -> list[Claim]:
+async def play(url: str, scenarios: Sequence[str], options: argparse.Namespace) -> list[Played]:
     timeout = httpx.Timeout(30.0, read=300.0)
     limits = httpx.Limits(max_connections=50, max_keepalive_connections=10)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
         proxy = Proxy(client)
         await proxy.check()
         print(f"proxy: {url}")
-        claims = []
-        for name in scenarios:
-            claims += await PLAYS[name](proxy, options)
-        return claims
+        return [await PLAYS[name](proxy, options) for name in scenarios]
 
 
 async def run(options: argparse.Namespace) -> int:
     scenarios = SCENARIOS if options.scenario == "all" else (options.scenario,)
     if not options.spawn:
-        claims = await play(options.url, scenarios, options)
+        results = await play(options.url, scenarios, options)
     else:
         tail: collections.deque[str] = collections.deque(maxlen=40)
         with tempfile.TemporaryDirectory(prefix="priority-bands-") as directory:
@@ -599,7 +662,7 @@ async def run(options: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 process, url = await spawn_proxy(nursery, config, tail)
                 try:
-                    claims = await play(url, scenarios, options)
+                    results = await play(url, scenarios, options)
                 except Exception:
                     print("proxy output (last lines):", *tail, sep="\n  ", file=sys.stderr)
                     raise
@@ -614,6 +677,10 @@ async def run(options: argparse.Namespace) -> int:
                     f"the proxy exited with status {process.returncode}:\n" + "\n".join(tail)
                 )
             print(f"proxy stopped (exit status {process.returncode})")
+    if options.json is not None:
+        document = {"scenarios": [result.document() for result in results]}
+        options.json.write_text(json.dumps(document, indent=2) + "\n")
+    claims = [claim for result in results for claim in result.claims]
     print()
     for claim in claims:
         print(claim.line())
@@ -659,6 +726,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=40.0,
         metavar="SECONDS",
         help="how long the aging scenario keeps feeding fresh requests (default 40)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="also write each scenario's requests, the proxy's records of them and the "
+        "counters, as JSON (see README.md)",
     )
     options = parser.parse_args(argv)
     try:
