@@ -170,11 +170,19 @@ class _Body:
                     return chunk
         return None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while self._buffered:
-            yield self._buffered.popleft()
-        while (chunk := await self._next()) is not None:
-            yield chunk
+    def __aiter__(self) -> _Body:
+        # An iterator object rather than an async generator: the pool may stop reading
+        # it half-way (an early answer, a cancel), and a generator would then be left to
+        # the garbage collector to finalise.
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._buffered:
+            return self._buffered.popleft()
+        chunk = await self._next()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
 
     async def prefetch(self, _: object) -> None:
         """While the request waits, read ahead into memory (at most ``maxBodyBytes``): a
@@ -192,7 +200,7 @@ class _Body:
         self._on_disconnect()
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+        return b"".join([chunk async for chunk in self])
 
 
 @final
@@ -394,7 +402,7 @@ class Forwarder:
         headers.extend(upstream.extra_headers)
         content: bytes | AsyncIterator[bytes] | None
         if upstream.payload is None:
-            content = body.chunks()
+            content = body
         elif upstream.payload.raw or _has_body(scope):
             content = upstream.payload.raw
         else:
