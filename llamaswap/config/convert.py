@@ -5,7 +5,8 @@ The converter is strict where cattrs is lenient by default: a string is never ma
 number, a boolean never counts as an integer, an array is never made from a string. Every
 ``float`` in the model is a duration in seconds, so ``float`` structures through
 :func:`~.values.parse_duration`. Attrs classes read their fields under their TOML keys
-(``toml_key``), with unknown keys forbidden.
+(``toml_key``), with unknown keys forbidden, and a field with bounds (``within(...)`` in
+``model.py``) is checked against them as it is read.
 """
 
 from __future__ import annotations
@@ -27,13 +28,17 @@ from cattrs.gen import make_dict_structure_fn, override
 from .model import LogLevel, ModelConfig, toml_key
 from .paths import Path, Problem, known_list, suggestion
 from .values import (
+    Bounds,
     InvalidValue,
     describe,
     parse_bool,
     parse_command,
     parse_duration,
+    parse_duration_in,
     parse_env,
     parse_int,
+    parse_int_in,
+    parse_int_table,
     parse_str,
 )
 
@@ -165,10 +170,26 @@ def _mapping_hook(tp: Any, converter: cattrs.Converter) -> Hook:
     return structure
 
 
+def _bounded_hook(field: attrs.Attribute[Any]) -> Hook | None:
+    """The hook for a numeric field with bounds: a duration, an integer or a table of them."""
+    bounds: Bounds | None = field.metadata.get("bounds")
+    if bounds is None:
+        return None
+    if field.type is float:
+        return lambda value, _: parse_duration_in(value, bounds)
+    if field.type is int:
+        return lambda value, _: parse_int_in(value, bounds)
+    if get_args(field.type) == (str, int):
+        return lambda value, _: parse_int_table(value, bounds)
+    raise TypeError(f"no bounded hook for {field.name}: {field.type!r}")
+
+
 def _attrs_hook(cl: type, converter: cattrs.Converter) -> Hook:
+    attrs.resolve_types(cl)
     overrides: dict[str, Any] = {
         field.name: override(
-            rename=toml_key(field), struct_hook=_FIELD_HOOKS.get((cl, field.name))
+            rename=toml_key(field),
+            struct_hook=_FIELD_HOOKS.get((cl, field.name)) or _bounded_hook(field),
         )
         for field in attrs.fields(cl)
     }

@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import functools
 import os
-from collections.abc import Mapping
+import re
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cattrs
@@ -21,20 +23,32 @@ from cattrs.errors import ClassValidationError
 from ..errors import ConfigError, ConfigProblem
 from .convert import make_converter, walk_error
 from .macros import expand_macros
-from .model import Config
+from .model import TTL, UNLOAD_TIMEOUT, Config
 from .paths import Path, Problem, format_path
 from .validate import validate
-from .values import InvalidValue, parse_bool, parse_duration
+from .values import InvalidValue, parse_bool, parse_duration_in
 
 __all__ = ["load_config", "loads_config"]
 
 # Top-level keys whose value is each model's default for the model key.
-_INHERITED = (
-    ("globalTTL", "ttl", parse_duration),
-    ("unloadTimeout", "unloadTimeout", parse_duration),
+_INHERITED: tuple[tuple[str, str, Callable[[object], object]], ...] = (
+    ("globalTTL", "ttl", functools.partial(parse_duration_in, bounds=TTL)),
+    (
+        "unloadTimeout",
+        "unloadTimeout",
+        functools.partial(parse_duration_in, bounds=UNLOAD_TIMEOUT),
+    ),
     ("sendLoadingState", "sendLoadingState", parse_bool),
 )
 _MAX_REPAIR_ROUNDS = 20
+
+#: How deep tables and arrays may nest (a real config needs a dozen levels at most).
+MAX_NESTING = 100
+_TOO_DEEP = (
+    f"nested more than {MAX_NESTING} levels deep (tables, arrays and dotted keys all count); "
+    "flatten it"
+)
+_SHOWN_PARTS = 3  # a path thousands of parts long is no help: show where it starts
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -78,12 +92,10 @@ def loads_config(
     Raises:
         ConfigError: the text is invalid; ``problems`` lists every problem found.
     """
-    try:
-        raw = tomli.loads(text)
-    except tomli.TOMLDecodeError as exc:
-        message = exc.msg[:1].lower() + exc.msg[1:]
-        problem = ConfigProblem("", f"invalid TOML: {message}", exc.lineno, exc.colno)
-        raise ConfigError(file, [problem]) from None
+    raw = _parse_toml(text, file)
+    if deep := _too_deep(raw):
+        # Like a syntax error, reported alone: every later stage walks the document.
+        raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
     doc, expanding = expand_macros(raw, os.environ if environ is None else environ)
     _inherit_defaults(doc)
     config, structuring, dropped = _structure(doc)
@@ -94,6 +106,60 @@ def loads_config(
     if problems or config is None:
         raise ConfigError(file, problems)
     return config
+
+
+def _parse_toml(text: str, file: str) -> dict[str, Any]:
+    try:
+        return tomli.loads(text)
+    except tomli.TOMLDecodeError as exc:
+        message = exc.msg[:1].lower() + exc.msg[1:]
+        problem = ConfigProblem("", f"invalid TOML: {message}", exc.lineno, exc.colno)
+    except RecursionError:
+        message = f"arrays or inline tables nest too deeply; at most {MAX_NESTING} levels"
+        problem = ConfigProblem("", f"invalid TOML: {message} are allowed")
+    except ValueError as exc:
+        # Python refuses to read an integer over 4300 digits (int_max_str_digits).
+        if "integer string conversion" in str(exc):
+            digits = sys.get_int_max_str_digits()
+            line, column = _long_integer(text, digits)
+            message = f"invalid TOML: an integer has more than {digits} digits"
+            problem = ConfigProblem("", message, line, column)
+        else:
+            problem = ConfigProblem("", f"invalid TOML: {exc}")
+    raise ConfigError(file, [problem]) from None
+
+
+def _long_integer(text: str, digits: int) -> tuple[int | None, int | None]:
+    """Where the first integer too long for Python starts (it may be in a string: a guess)."""
+    for match in re.finditer(r"[0-9][0-9_]*", text):
+        if len(match.group().replace("_", "")) > digits:
+            line = text.count("\n", 0, match.start()) + 1
+            return line, match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
+    return None, None
+
+
+def _too_deep(doc: dict[str, Any]) -> list[Path]:
+    """Where ``doc`` nests more than :data:`MAX_NESTING` levels, one path per deep value.
+
+    Iterative: a recursive walk would itself fail on what it is looking for.
+    """
+    found: list[Path] = []
+    stack: list[tuple[Path, object]] = [((key,), value) for key, value in doc.items()]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            children: list[tuple[Path, object]] = [((*path, k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            children = [((*path, i), v) for i, v in enumerate(value)]
+        else:
+            continue
+        if len(path) >= MAX_NESTING and children:
+            shown = path[:_SHOWN_PARTS]
+            if shown not in found:
+                found.append(shown)
+            continue
+        stack.extend(reversed(children))
+    return found
 
 
 def _inherit_defaults(doc: dict[str, Any]) -> None:

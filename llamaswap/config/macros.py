@@ -12,6 +12,10 @@ Expansion runs in two passes so that a user macro may hold a built-in one
 (``fake = "server --port ${PORT}"``): the first pass substitutes user and environment
 macros everywhere, the second substitutes ``${MODEL_ID}``/``${PORT}`` per model and reports
 whatever ``${...}`` is left. Substituted text is never scanned again.
+
+A value that uses macros may expand to at most :data:`MAX_EXPANDED_LENGTH` characters, and
+so may each macro: macros that double each other would otherwise reach gigabytes in thirty
+steps. Expansion stops as soon as a value passes the limit.
 """
 
 from __future__ import annotations
@@ -24,12 +28,51 @@ from .model import DEFAULT_PROXY, DEFAULT_START_PORT
 from .paths import Path, Problem, did_you_mean, format_path
 from .values import describe
 
-__all__ = ["expand_macros"]
+__all__ = ["MAX_EXPANDED_LENGTH", "expand_macros"]
+
+#: The most characters a macro, or a value using macros, may expand to.
+MAX_EXPANDED_LENGTH = 65_536
+_TOO_LONG = "macros may expand to at most that"
+
 _BUILTINS = ("PORT", "MODEL_ID", "PID")
 _REF = re.compile(r"\$\{([^}]*)\}")
 _MACRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 Substitute = Callable[[str, Path], str]
+Replace = Callable[[re.Match[str]], str]
+
+
+class _TooLong(Exception):
+    """An expansion passed :data:`MAX_EXPANDED_LENGTH`."""
+
+
+def _expand(text: str, replace: Replace) -> str:
+    """``_REF.sub(replace, text)``, but raising :class:`_TooLong` as soon as the result would
+    pass :data:`MAX_EXPANDED_LENGTH` (a text without macros is returned as it is)."""
+    parts: list[str] = []
+    size = pos = 0
+    for match in _REF.finditer(text):
+        parts += (text[pos : match.start()], replace(match))
+        size += len(parts[-2]) + len(parts[-1])
+        if size > MAX_EXPANDED_LENGTH:
+            raise _TooLong
+        pos = match.end()
+    if not parts:
+        return text
+    parts.append(text[pos:])
+    if size + len(parts[-1]) > MAX_EXPANDED_LENGTH:
+        raise _TooLong
+    return "".join(parts)
+
+
+def _expand_or_report(text: str, path: Path, replace: Replace, problems: list[Problem]) -> str:
+    """``text`` expanded, or as it is (with a problem at ``path``) if it grows too long."""
+    try:
+        return _expand(text, replace)
+    except _TooLong:
+        message = f"expands to more than {MAX_EXPANDED_LENGTH} characters with its macros"
+        problems.append(Problem(path, f"{message}; {_TOO_LONG}"))
+        return text
 
 
 def expand_macros(
@@ -52,7 +95,10 @@ def expand_macros(
     invalid = set(table) - set(macros) if isinstance(table, dict) else set()
 
     def first_pass(text: str, path: Path) -> str:
-        return _REF.sub(lambda m: _user_or_env(m, path, macros, environ, problems, invalid), text)
+        def replace(match: re.Match[str]) -> str:
+            return _user_or_env(match, path, macros, environ, problems, invalid)
+
+        return _expand_or_report(text, path, replace, problems)
 
     doc = {
         key: value if key == "macros" else _map_strings(value, (key,), first_pass)
@@ -93,7 +139,7 @@ def _user_macros(
         )
         return {}
     defined: dict[str, str] = {}
-    names = list(table)
+    position = {name: index for index, name in enumerate(table)}
     for index, (name, value) in enumerate(table.items()):
         path: Path = ("macros", name)
         if not _MACRO_NAME.fullmatch(name):
@@ -113,29 +159,40 @@ def _user_macros(
                 Problem(path, f"expected a string, number or boolean, got {describe(value)}")
             )
             continue
-        earlier, later = names[:index], names[index + 1 :]
+        uses_invalid: list[str] = []
 
         def replace(
             match: re.Match[str],
             path: Path = path,
-            earlier: list[str] = earlier,
-            later: list[str] = later,
+            index: int = index,
+            uses_invalid: list[str] = uses_invalid,
         ) -> str:
             ref = match.group(1)
             if ref == path[-1]:
                 problems.append(Problem(path, f"a macro cannot use itself (${{{ref}}})"))
                 return match.group(0)
-            if ref in later:
+            if position.get(ref, -1) > index:
                 problems.append(
                     Problem(
                         path, f"uses ${{{ref}}}, which is defined after it; move {ref} above it"
                     )
                 )
                 return match.group(0)
-            invalid = [other for other in earlier if other not in defined]
-            return _user_or_env(match, path, defined, environ, problems, invalid)
+            if ref in position and ref not in defined:
+                uses_invalid.append(ref)  # reported at its own definition
+                return match.group(0)
+            return _user_or_env(match, path, defined, environ, problems)
 
-        defined[name] = _REF.sub(replace, text)
+        try:
+            expanded = _expand(text, replace)
+        except _TooLong:
+            message = f"expands to more than {MAX_EXPANDED_LENGTH} characters; {_TOO_LONG}"
+            problems.append(Problem(path, message))
+            continue
+        # A macro built on an invalid one is invalid too (silently: one mistake, one report).
+        # Keeping the unexpanded ${...} would let a chain of them still double in size.
+        if not uses_invalid:
+            defined[name] = expanded
     return defined
 
 
@@ -213,7 +270,10 @@ def _expand_model(
         fixed["PORT"] = str(port)
 
     def second_pass(text: str, path: Path) -> str:
-        text = _REF.sub(lambda m: fixed.get(m.group(1), m.group(0)), text)
+        def replace(match: re.Match[str]) -> str:
+            return fixed.get(match.group(1), match.group(0))
+
+        text = _expand_or_report(text, path, replace, problems)
         return _leftovers(text, path, model_id if report_port else "", problems)
 
     return {k: _map_strings(v, ("models", model_id, k), second_pass) for k, v in model.items()}

@@ -28,6 +28,12 @@ combinations. So ``a & (b | c)`` is ``[{a, b}, {a, c}]``. Expanding to combinati
 front keeps the matrix solver simple: it only ever compares sets of model IDs. Order is kept
 (first-defined wins ties) and duplicates are dropped.
 
+Limits. A config is untrusted input, so expansion is bounded: parentheses nest at most
+:data:`MAX_NESTING` levels (the parser recurses once per level), a set may expand to at most
+:data:`MAX_COMBINATIONS` combinations, and all sets together may take at most
+:data:`MAX_STEPS` combination unions to expand. Sets splicing each other are expanded in
+dependency order, without recursion, so a long chain of ``+set`` costs nothing extra.
+
 Rejected alternatives: evaluating expressions lazily at swap time (errors would surface on a
 request instead of at startup), and a general boolean algebra with negation (no use case;
 "any subset may run too" already covers "not").
@@ -41,10 +47,25 @@ import attrs
 
 from .paths import suggestion
 
-__all__ = ["Combination", "MatrixExprError", "check_sets", "expand_sets", "parse_expr"]
+__all__ = [
+    "MAX_COMBINATIONS",
+    "MAX_NESTING",
+    "MAX_STEPS",
+    "Combination",
+    "MatrixExprError",
+    "check_sets",
+    "expand_sets",
+    "parse_expr",
+]
 
 Combination = frozenset[str]
 _OPERATORS = "&|()+"
+#: How deep parentheses may nest in one expression.
+MAX_NESTING = 20
+#: How many combinations one set may expand to.
+MAX_COMBINATIONS = 1000
+#: How many combination unions expanding every set may take (well under a second).
+MAX_STEPS = 1_000_000
 
 
 class MatrixExprError(ValueError):
@@ -106,6 +127,7 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.tokens = _tokenize(text)
         self.index = 0
+        self.depth = 0  # parentheses open at this point
 
     def peek(self) -> str | None:
         return self.tokens[self.index][0] if self.index < len(self.tokens) else None
@@ -139,10 +161,14 @@ class _Parser:
         token = self.peek()
         if token == "(":
             self.take()
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise MatrixExprError(f"parentheses nest more than {MAX_NESTING} levels deep")
             inner = self.expr()
             if self.peek() != ")":
                 raise MatrixExprError(f"expected ')' but found {self.where()}")
             self.take()
+            self.depth -= 1
             return inner
         if token == "+":
             self.take()
@@ -170,44 +196,84 @@ def parse_expr(text: str) -> Node:
     return node
 
 
-def _unique(combos: Iterable[Combination]) -> tuple[Combination, ...]:
-    return tuple(dict.fromkeys(combos))
+def _refs(node: Node) -> list[str]:
+    """The sets ``node`` splices in, in order (the tree is as deep as its parentheses)."""
+    if isinstance(node, SetRef):
+        return [node.name]
+    if isinstance(node, Name):
+        return []
+    return [ref for part in node.parts for ref in _refs(part)]
 
 
 class _Expander:
     def __init__(self, sets: Mapping[str, str], variables: Mapping[str, str]) -> None:
         self.sets = sets
         self.variables = variables
+        self.trees: dict[str, Node] = {}
         self.done: dict[str, tuple[Combination, ...]] = {}
         self.failed: set[str] = set()
         self.errors: list[MatrixExprError] = []
-        self.stack: list[str] = []
+        self.steps = 0
 
-    def expand(self, set_name: str) -> tuple[Combination, ...] | None:
-        """The set's combinations, or ``None`` when it (or a set it uses) is invalid."""
-        if set_name in self.done:
-            return self.done[set_name]
-        if set_name in self.failed:
-            return None
-        if set_name in self.stack:
-            cycle = [*self.stack[self.stack.index(set_name) :], set_name]
-            self.failed.update(cycle)
-            message = f"sets refer to each other in a cycle: {' -> '.join(cycle)}"
-            self.errors.append(MatrixExprError(message, set_name))
-            return None
-        self.stack.append(set_name)
-        try:
-            result = self.evaluate(parse_expr(self.sets[set_name]), set_name)
-        except MatrixExprError as exc:
-            self.errors.append(MatrixExprError(exc.message, set_name))
-            result = None
-        finally:
-            self.stack.pop()
-        if result is None:
-            self.failed.add(set_name)
-        else:
-            self.done[set_name] = result
-        return result
+    def fail(self, set_name: str, message: str) -> None:
+        self.failed.add(set_name)
+        self.errors.append(MatrixExprError(message, set_name))
+
+    def parse_all(self) -> None:
+        for set_name, text in self.sets.items():
+            try:
+                self.trees[set_name] = parse_expr(text)
+            except MatrixExprError as exc:
+                self.fail(set_name, exc.message)
+
+    def order(self) -> list[str]:
+        """The parsed sets, each after the sets it splices in; cycles fail their sets.
+
+        An iterative depth-first search, in definition order: a set on the current path
+        that is reached again closes a cycle, reported once, at that set.
+        """
+        order: list[str] = []
+        state: dict[str, bool] = {}  # False: on the current path; True: finished
+        for root in self.trees:
+            if root in state:
+                continue
+            path = [root]
+            pending = [iter(_refs(self.trees[root]))]
+            state[root] = False
+            while path:
+                for ref in pending[-1]:
+                    if ref not in self.trees:
+                        continue  # unknown or unparsable: reported where it is used, or not
+                    if ref not in state:
+                        state[ref] = False
+                        path.append(ref)
+                        pending.append(iter(_refs(self.trees[ref])))
+                        break
+                    if not state[ref] and ref not in self.failed:
+                        cycle = [*path[path.index(ref) :], ref]
+                        self.failed.update(cycle)
+                        message = f"sets refer to each other in a cycle: {' -> '.join(cycle)}"
+                        self.errors.append(MatrixExprError(message, ref))
+                else:
+                    state[path[-1]] = True
+                    order.append(path.pop())
+                    pending.pop()
+        return order
+
+    def expand_all(self) -> None:
+        self.parse_all()
+        for set_name in self.order():
+            if set_name in self.failed or self.steps > MAX_STEPS:
+                continue  # reported, or out of steps (reported at the set that ran out)
+            try:
+                result = self.evaluate(self.trees[set_name], set_name)
+            except MatrixExprError as exc:
+                self.fail(set_name, exc.message)
+                continue
+            if result is None:
+                self.failed.add(set_name)  # it uses an invalid set: reported there
+            else:
+                self.done[set_name] = result
 
     def evaluate(self, node: Node, set_name: str) -> tuple[Combination, ...] | None:
         if isinstance(node, Name):
@@ -220,16 +286,33 @@ class _Expander:
                 others = [name for name in self.sets if name != set_name]
                 hint = suggestion(node.name, others, noun="sets")
                 raise MatrixExprError(f"unknown set '+{node.name}'; {hint}")
-            return self.expand(node.name)
+            return self.done.get(node.name)  # expanded before this set, or failed
         results = [self.evaluate(part, set_name) for part in node.parts]
         if any(part is None for part in results):
             return None
         if isinstance(node, Or):
-            return _unique(combo for part in results for combo in part or ())
+            return self.bounded(combo for part in results for combo in part or ())
         product: tuple[Combination, ...] = (frozenset(),)
         for part in results:
-            product = _unique(left | right for left in product for right in part or ())
+            product = self.bounded(left | right for left in product for right in part or ())
         return product
+
+    def bounded(self, combos: Iterable[Combination]) -> tuple[Combination, ...]:
+        """``combos`` without duplicates, within :data:`MAX_COMBINATIONS` and the steps left."""
+        unique: dict[Combination, None] = {}
+        for combo in combos:
+            self.steps += 1
+            if self.steps > MAX_STEPS:
+                raise MatrixExprError(
+                    f"the sets take more than {MAX_STEPS} steps to expand; list fewer alternatives"
+                )
+            unique[combo] = None
+            if len(unique) > MAX_COMBINATIONS:
+                raise MatrixExprError(
+                    f"expands to more than {MAX_COMBINATIONS} combinations of models; "
+                    "list fewer alternatives"
+                )
+        return tuple(unique)
 
 
 def check_sets(
@@ -237,8 +320,9 @@ def check_sets(
 ) -> tuple[dict[str, tuple[Combination, ...]], list[MatrixExprError]]:
     """Expand every set, collecting one error per faulty set instead of stopping.
 
-    A set that only fails because a set it splices in (``+other``) is invalid is left out of
-    the result without an error of its own, so each mistake is reported once.
+    Errors come in the sets' definition order. A set that only fails because a set it
+    splices in (``+other``) is invalid is left out of the result without an error of its
+    own, so each mistake is reported once.
 
     Args:
         sets: set name → expression, in definition order.
@@ -248,10 +332,11 @@ def check_sets(
         The valid sets' combinations (in definition order) and the errors.
     """
     expander = _Expander(sets, variables)
-    for set_name in sets:
-        expander.expand(set_name)
+    expander.expand_all()
     expanded = {name: expander.done[name] for name in sets if name in expander.done}
-    return expanded, expander.errors
+    position = {name: index for index, name in enumerate(sets)}
+    errors = sorted(expander.errors, key=lambda error: position[error.set_name])
+    return expanded, errors
 
 
 def expand_sets(

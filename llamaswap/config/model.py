@@ -6,6 +6,10 @@ unless ``key(...)`` names it otherwise. No I/O here: ``load.py`` reads and valid
 
 Durations are ``float`` seconds (TOML may give a number or a string such as ``"500ms"``),
 commands are argument tuples (TOML may give a string, split like a POSIX shell, or an array).
+
+Every numeric key has finite :class:`~.values.Bounds` (``within(...)``), checked when the
+file is read: whatever ``check-config`` accepts, the server can run with.
+docs/configuration.md lists the same ranges next to each key.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
+
+from .values import Bounds
 
 __all__ = [
     "Config",
@@ -35,6 +41,7 @@ __all__ = [
     "SerialSettings",
     "key",
     "toml_key",
+    "within",
 ]
 
 DEFAULT_PROXY = "http://127.0.0.1:${PORT}"
@@ -44,10 +51,27 @@ CHECK_NONE = "none"
 #: ``swapAffinityBonus`` stays below a band's width (100), so affinity never crosses a band.
 MAX_SWAP_AFFINITY_BONUS = 99
 
+# The range of each numeric key.
+HEALTH_CHECK_TIMEOUT = Bounds(1, 86_400, "a duration", "seconds", "1 day")
+TTL = Bounds(0, 2_592_000, "a duration", "seconds", "30 days")
+UNLOAD_TIMEOUT = Bounds(0, 3_600, "a duration", "seconds", "1 hour")
+START_PORT = Bounds(1, 65_535, "a port")
+MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
+CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
+EVICT_COST = Bounds(1, 1_000_000, "a cost")
+FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
+#: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
+AGING_DIVISOR = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no aging")
 
-def key(name: str) -> dict[str, str]:
+
+def key(name: str) -> dict[str, Any]:
     """Field metadata naming a TOML key that is not the field name in lowerCamelCase."""
     return {"toml": name}
+
+
+def within(bounds: Bounds) -> dict[str, Any]:
+    """Field metadata giving a numeric key's range (of each value, for a table)."""
+    return {"bounds": bounds}
 
 
 def toml_key(field: attrs.Attribute[Any]) -> str:
@@ -80,15 +104,17 @@ class ModelConfig:
     cmd_stop: tuple[str, ...] | None = None
     proxy: str = DEFAULT_PROXY
     check_endpoint: str = "/health"
-    ttl: float = 0.0
-    unload_timeout: float = 10.0
+    ttl: float = attrs.field(default=0.0, metadata=within(TTL))
+    unload_timeout: float = attrs.field(default=10.0, metadata=within(UNLOAD_TIMEOUT))
     aliases: tuple[str, ...] = ()
     env: Mapping[str, str] = attrs.field(factory=dict)
     name: str | None = None
     description: str | None = None
     unlisted: bool = False
     use_model_name: str | None = None
-    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT
+    concurrency_limit: int = attrs.field(
+        default=DEFAULT_CONCURRENCY_LIMIT, metadata=within(CONCURRENCY_LIMIT)
+    )
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     send_loading_state: bool = False
@@ -116,7 +142,9 @@ class MatrixConfig:
     """``[routing.router.settings.matrix]``: which models may run together."""
 
     vars: Mapping[str, str] = attrs.field(factory=dict)
-    evict_costs: Mapping[str, int] = attrs.field(factory=dict, metadata=key("evict_costs"))
+    evict_costs: Mapping[str, int] = attrs.field(
+        factory=dict, metadata=key("evict_costs") | within(EVICT_COST)
+    )
     sets: Mapping[str, str] = attrs.field(factory=dict)
 
 
@@ -134,12 +162,12 @@ class RouterSection:
 
 @attrs.frozen
 class FifoSettings:
-    priority: Mapping[str, int] = attrs.field(factory=dict)
+    priority: Mapping[str, int] = attrs.field(factory=dict, metadata=within(FIFO_PRIORITY))
 
 
 @attrs.frozen
 class SerialSettings:
-    aging_divisor: float = 60.0
+    aging_divisor: float = attrs.field(default=60.0, metadata=within(AGING_DIVISOR))
     swap_affinity_bonus: int = 10
 
 
@@ -185,15 +213,15 @@ class Config:
     """A whole, validated configuration file."""
 
     models: Mapping[str, ModelConfig] = attrs.field(factory=dict)
-    health_check_timeout: float = 120.0
+    health_check_timeout: float = attrs.field(default=120.0, metadata=within(HEALTH_CHECK_TIMEOUT))
     log_level: LogLevel = LogLevel.INFO
-    start_port: int = DEFAULT_START_PORT
-    global_ttl: float = attrs.field(default=0.0, metadata=key("globalTTL"))
-    unload_timeout: float = 10.0
+    start_port: int = attrs.field(default=DEFAULT_START_PORT, metadata=within(START_PORT))
+    global_ttl: float = attrs.field(default=0.0, metadata=key("globalTTL") | within(TTL))
+    unload_timeout: float = attrs.field(default=10.0, metadata=within(UNLOAD_TIMEOUT))
     api_keys: tuple[str, ...] = ()
     send_loading_state: bool = False
     include_aliases_in_list: bool = False
-    max_body_bytes: int = 33_554_432
+    max_body_bytes: int = attrs.field(default=33_554_432, metadata=within(MAX_BODY_BYTES))
     macros: Mapping[str, str] = attrs.field(factory=dict)
     routing: Routing = Routing()
     hooks: Hooks = Hooks()

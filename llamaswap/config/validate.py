@@ -1,4 +1,6 @@
-"""Checks that need the whole config: ranges, URLs, cross references, matrix sets.
+"""Checks that need the whole config: URLs, API keys, cross references, matrix sets.
+
+(Numeric ranges are checked as values are read: see ``within(...)`` in ``model.py``.)
 
 Runs after structuring, so every value already has its type. Each check appends to one list
 so a user sees every problem in a single run of ``check-config``.
@@ -15,6 +17,7 @@ import attrs
 from .matrix_expr import check_sets
 from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config
 from .paths import Path, Problem, format_path, suggestion
+from .values import number_text
 
 __all__ = ["validate"]
 
@@ -58,20 +61,41 @@ def validate(
 
 
 def _check_top_level(config: Config, problems: list[Problem]) -> None:
-    if not 1 <= config.start_port <= 65535:
+    for index, api_key in enumerate(config.api_keys):
+        _check_api_key(api_key, ("apiKeys", index), problems)
+
+
+def _check_api_key(api_key: str, path: Path, problems: list[Problem]) -> None:
+    """A key that no client could present. The key itself is a secret: never shown."""
+    if not api_key:
+        problems.append(Problem(path, "an empty API key can never be sent; remove it"))
+    elif not all("!" <= char <= "~" for char in api_key):
         problems.append(
-            Problem(("startPort",), f"expected a port from 1 to 65535, got {config.start_port!r}")
-        )
-    if config.max_body_bytes < 1:
-        problems.append(
-            Problem(("maxBodyBytes",), f"expected 1 or more bytes, got {config.max_body_bytes!r}")
+            Problem(
+                path,
+                "an API key must be printable ASCII without spaces: it travels in an HTTP header",
+            )
         )
 
 
 def _check_url(url: str, path: Path, problems: list[Problem]) -> None:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    """An http(s) URL with a host, and a usable port if it names one."""
+    if "${" in url:
+        return  # a macro left unexpanded: reported where expanding it failed
+    try:
+        parts = urllib.parse.urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 address
+        hostname = None
+    if hostname is None or parts.scheme not in ("http", "https"):
         problems.append(Problem(path, f"expected an http:// or https:// URL, got {url!r}"))
+        return
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or above 65535
+        port = 0
+    if port == 0:
+        problems.append(Problem(path, f"expected a port from 1 to 65535 in the URL, got {url!r}"))
 
 
 def _check_models(config: Config, dropped: Collection[str], problems: list[Problem]) -> None:
@@ -88,13 +112,6 @@ def _check_models(config: Config, dropped: Collection[str], problems: list[Probl
                 Problem(
                     (*base, "checkEndpoint"),
                     f"expected a path starting with '/' or \"none\", got {model.check_endpoint!r}",
-                )
-            )
-        if model.concurrency_limit < 1:
-            problems.append(
-                Problem(
-                    (*base, "concurrencyLimit"),
-                    f"expected 1 or more, got {model.concurrency_limit!r}",
                 )
             )
         for index, alias in enumerate(model.aliases):
@@ -172,14 +189,14 @@ def _check_matrix(config: Config, model_ids: Collection[str], problems: list[Pro
             problems.append(
                 Problem((*_MATRIX, "vars", var), f"unknown model {model_id!r}; {hint}")
             )
-    for var, cost in matrix.evict_costs.items():
-        path = (*_MATRIX, "evict_costs", var)
+    for var in matrix.evict_costs:
         if var not in matrix.vars:
             problems.append(
-                Problem(path, f"unknown var {var!r}; {suggestion(var, matrix.vars, noun='vars')}")
+                Problem(
+                    (*_MATRIX, "evict_costs", var),
+                    f"unknown var {var!r}; {suggestion(var, matrix.vars, noun='vars')}",
+                )
             )
-        elif cost < 1:
-            problems.append(Problem(path, f"expected a positive integer, got {cost!r}"))
     _, errors = check_sets(matrix.sets, matrix.vars)
     for error in errors:
         problems.append(Problem((*_MATRIX, "sets", error.set_name), error.message))
@@ -195,6 +212,8 @@ def _check_peers(config: Config, problems: list[Problem]) -> None:
                 )
             )
         _check_url(peer.proxy, (*base, "proxy"), problems)
+        if peer.api_key is not None:
+            _check_api_key(peer.api_key, (*base, "apiKey"), problems)
         if not peer.models:
             problems.append(Problem((*base, "models"), "expected at least one model name"))
         for index, name in enumerate(peer.models):
@@ -204,22 +223,21 @@ def _check_peers(config: Config, problems: list[Problem]) -> None:
 
 def _cap_bonus(config: Config, problems: list[Problem]) -> Config:
     serial = config.routing.scheduler.settings.serial
-    if serial.swap_affinity_bonus < 0:
+    bonus = serial.swap_affinity_bonus
+    path = format_path((*_SERIAL, "swapAffinityBonus"))
+    if bonus < 0:
         problems.append(
             Problem(
-                (*_SERIAL, "swapAffinityBonus"),
-                f"expected 0 or more, got {serial.swap_affinity_bonus!r}",
+                (*_SERIAL, "swapAffinityBonus"), f"expected 0 or more, got {number_text(bonus)}"
             )
         )
-    if serial.swap_affinity_bonus <= MAX_SWAP_AFFINITY_BONUS:
+    if bonus <= MAX_SWAP_AFFINITY_BONUS:
         return config
-    logger.warning(
-        "%s = %d is above %d; using %d",
-        format_path((*_SERIAL, "swapAffinityBonus")),
-        serial.swap_affinity_bonus,
-        MAX_SWAP_AFFINITY_BONUS,
-        MAX_SWAP_AFFINITY_BONUS,
-    )
+    cap = MAX_SWAP_AFFINITY_BONUS
+    if bonus < 1_000_000:
+        logger.warning("%s = %d is above %d; using %d", path, bonus, cap, cap)
+    else:  # not thousands of digits in a log line
+        logger.warning("%s is far above %d; using %d", path, cap, cap)
     capped = attrs.evolve(serial, swap_affinity_bonus=MAX_SWAP_AFFINITY_BONUS)
     settings = attrs.evolve(config.routing.scheduler.settings, serial=capped)
     scheduler = attrs.evolve(config.routing.scheduler, settings=settings)

@@ -12,21 +12,32 @@ import re
 import shlex
 from collections.abc import Sequence
 
+import attrs
+
 from .paths import Path
 
 __all__ = [
     "DURATION_HINT",
+    "MAX_COMMAND_LENGTH",
+    "Bounds",
     "InvalidValue",
     "describe",
+    "number_text",
     "parse_bool",
     "parse_command",
     "parse_duration",
+    "parse_duration_in",
     "parse_env",
     "parse_int",
+    "parse_int_in",
+    "parse_int_table",
     "parse_str",
 ]
 
 DURATION_HINT = 'expected a number of seconds or a duration like "90s"'
+#: The longest command line (characters, all arguments together). Linux refuses a single
+#: argument over 128 KiB anyway, and splitting a string this long already takes ~50 ms.
+MAX_COMMAND_LENGTH = 65_536
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h)")
@@ -65,6 +76,50 @@ def _shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def number_text(value: int | float) -> str:
+    """A number for a message: ``90``, ``0.5``, ``1e+300``, or ``a 4000-digit number``."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
+    if abs(value) >= 10**15:
+        return f"a {len(str(abs(value)))}-digit number"
+    return str(value)
+
+
+@attrs.frozen
+class Bounds:
+    """The numbers a key accepts: ``low`` to ``high`` inclusive, and 0 when ``zero`` says
+    what 0 means (``agingDivisor = 0`` turns aging off).
+
+    ``describe()`` gives the range for messages and docs, e.g.
+    ``a duration from 0 to 3600 seconds (1 hour)``.
+    """
+
+    low: float
+    high: float
+    noun: str
+    unit: str = ""
+    note: str = ""
+    zero: str = ""
+
+    def __contains__(self, value: int | float) -> bool:
+        return self.low <= value <= self.high or (bool(self.zero) and value == 0)
+
+    def describe(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        note = f" ({self.note})" if self.note else ""
+        text = f"{self.noun} from {number_text(self.low)} to {number_text(self.high)}{unit}{note}"
+        return f"0 ({self.zero}) or {text}" if self.zero else text
+
+    def check(self, value: int | float) -> None:
+        """Raise :class:`InvalidValue` unless ``value`` is within the bounds."""
+        if value in self:
+            return
+        shown = number_text(value)
+        if self.unit:
+            shown += f" of {self.unit}" if shown.startswith("a ") else f" {self.unit}"
+        raise InvalidValue(f"expected {self.describe()}, got {shown}")
+
+
 def parse_str(value: object) -> str:
     """A TOML string, unchanged."""
     if not isinstance(value, str):
@@ -77,6 +132,29 @@ def parse_int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidValue(f"expected an integer, got {describe(value)}")
     return value
+
+
+def parse_int_in(value: object, bounds: Bounds) -> int:
+    """A TOML integer within ``bounds``."""
+    number = parse_int(value)
+    bounds.check(number)
+    return number
+
+
+def parse_int_table(value: object, bounds: Bounds) -> dict[str, int]:
+    """A table of integers within ``bounds``, with one problem per bad entry."""
+    if not isinstance(value, dict):
+        raise InvalidValue(f"expected a table, got {describe(value)}")
+    table: dict[str, int] = {}
+    problems: list[tuple[Path, str]] = []
+    for name, item in value.items():
+        try:
+            table[name] = parse_int_in(item, bounds)
+        except InvalidValue as exc:
+            problems.extend(((name, *at), message) for at, message in exc.problems)
+    if problems:
+        raise InvalidValue.many(problems)
+    return table
 
 
 def parse_bool(value: object) -> bool:
@@ -97,11 +175,23 @@ def parse_duration(value: object) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise InvalidValue(f"{DURATION_HINT}, got {describe(value)}")
-    seconds = _parse_duration_text(value) if isinstance(value, str) else float(value)
+    try:
+        seconds = _parse_duration_text(value) if isinstance(value, str) else float(value)
+    except OverflowError:  # an integer beyond a float's range: infinite, for our purposes
+        seconds = math.inf if not isinstance(value, int) or value > 0 else -math.inf
     if math.isnan(seconds) or math.isinf(seconds):
         raise InvalidValue(f"{DURATION_HINT}, got {describe(value)}")
     if seconds < 0:
         raise InvalidValue(f"expected a duration of 0 seconds or more, got {describe(value)}")
+    return seconds
+
+
+def parse_duration_in(value: object, bounds: Bounds) -> float:
+    """A duration (see :func:`parse_duration`) within ``bounds``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > bounds.high:
+        bounds.check(value)  # before it becomes a float: it may be too large for one
+    seconds = parse_duration(value)
+    bounds.check(seconds)
     return seconds
 
 
@@ -129,9 +219,11 @@ def parse_command(value: object) -> tuple[str, ...]:
     character is ``#`` are comments, and a backslash at the end of a line joins the next line.
 
     Raises:
-        InvalidValue: not a string or an array of strings, unbalanced quotes, or empty.
+        InvalidValue: not a string or an array of strings, unbalanced quotes, empty, or
+            longer than :data:`MAX_COMMAND_LENGTH` characters.
     """
     if isinstance(value, str):
+        _check_command_length(len(value))
         args = tuple(_split_command(value))
     elif isinstance(value, list):
         bad = [
@@ -141,6 +233,7 @@ def parse_command(value: object) -> tuple[str, ...]:
         ]
         if bad:
             raise InvalidValue.many(bad)
+        _check_command_length(sum(len(arg) + 1 for arg in value) - 1)
         args = tuple(value)
     else:
         raise InvalidValue(
@@ -149,6 +242,14 @@ def parse_command(value: object) -> tuple[str, ...]:
     if not args or not args[0]:
         raise InvalidValue("the command is empty; give the program to run and its arguments")
     return args
+
+
+def _check_command_length(length: int) -> None:
+    if length > MAX_COMMAND_LENGTH:
+        raise InvalidValue(
+            f"the command line is {length} characters long; "
+            f"at most {MAX_COMMAND_LENGTH} are allowed"
+        )
 
 
 def _split_command(text: str) -> list[str]:

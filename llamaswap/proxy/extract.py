@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any, final
 from urllib.parse import parse_qsl, urlencode
@@ -92,7 +93,10 @@ def rewrite_body(
                 document[key] = value
         if model is not None:
             document["model"] = model
-        raw = json.dumps(document, separators=(",", ":")).encode()
+        try:
+            raw = json.dumps(document, separators=(",", ":")).encode()
+        except RecursionError as exc:  # read at the edge of the limit, one level deeper now
+            raise BadRequest(_TOO_DEEP) from exc
         return Payload(raw, payload.content_type, document)
     if where is ModelIn.MULTIPART and model is not None:
         raw = _replace_form_field(payload.raw, payload.content_type, "model", model)
@@ -105,11 +109,21 @@ def rewrite_query(query: bytes, model: str) -> bytes:
     return urlencode(pairs).encode("latin-1")
 
 
+_TOO_DEEP = "the request body nests arrays and objects too deeply to read"
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # valid JSON, nested deeper than Python's recursion limit
+        raise BadRequest(_TOO_DEEP) from exc
+    except ValueError as exc:  # valid JSON with an integer beyond int_max_str_digits
+        raise BadRequest(
+            f"the request body holds a number with more than {sys.get_int_max_str_digits()} "
+            "digits; llamaswap cannot read it"
+        ) from exc
     if not isinstance(document, dict):
         raise BadRequest("the request body must be a JSON object")
     return document

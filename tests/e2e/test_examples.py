@@ -55,6 +55,45 @@ def test_check_config_reports_every_problem_and_exits_2(tmp_path: Path) -> None:
     assert lines[-1] == "3 problems found"
 
 
+HOSTILE = {
+    "nested": "a = " + "[" * 500 + "]" * 500,
+    "dotted_key": ".".join(["a"] * 1000) + " = 1",
+    "long_integer": "startPort = " + "1" * 5000,
+    "parentheses": (
+        "[models.a]\ncmd = 's --port ${PORT}'\n[routing.router.settings.matrix]\n"
+        "vars = {a = 'a'}\nsets = {s = '" + "(" * 3000 + "a" + ")" * 3000 + "'}"
+    ),
+    "macro_bomb": "\n".join(
+        ["[macros]", 'm0 = "' + "x" * 16 + '"']
+        + [f'm{i} = "${{m{i - 1}}}${{m{i - 1}}}"' for i in range(1, 40)]
+        + ["[models.a]", 'cmd = "s --port ${PORT} ${m39}"']
+    ),
+    "aging_overflow": "[routing.scheduler.settings.serial]\nagingDivisor = 1e300",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_check_config_on_hostile_input_is_one_problem_and_exit_2(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(HOSTILE[name] + "\n")
+    result = llamaswap("check-config", str(path))
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == "1 problem found"
+    assert result.stderr.startswith(f"{path}")
+
+
+def test_a_config_check_config_refuses_does_not_start_the_server(tmp_path: Path) -> None:
+    path = tmp_path / "aging.toml"
+    path.write_text(HOSTILE["aging_overflow"] + "\n")
+    result = llamaswap("--config", str(path), "--listen", "127.0.0.1:0")
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert "routing.scheduler.settings.serial.agingDivisor: expected 0 (no aging)" in result.stderr
+
+
 async def test_quickstart_serves_two_models_with_a_swap(proxy_factory: StartProxy) -> None:
     text = (REPO / "examples" / "quickstart.toml").read_text()
     text = re.sub(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)

@@ -400,11 +400,15 @@ def test_invalid_top_level_default_is_reported_once() -> None:
         (
             MINIMAL + "concurrencyLimit = 0\n",
             "models.m.concurrencyLimit",
-            "expected 1 or more, got 0",
+            "expected a limit from 1 to 10000, got 0",
         ),
         ("startPort = 0\n", "startPort", "expected a port from 1 to 65535, got 0"),
         ("startPort = 70000\n", "startPort", "expected a port from 1 to 65535, got 70000"),
-        ("maxBodyBytes = 0\n", "maxBodyBytes", "expected 1 or more bytes, got 0"),
+        (
+            "maxBodyBytes = 0\n",
+            "maxBodyBytes",
+            "expected a size from 1 to 1073741824 bytes (1 GiB), got 0 bytes",
+        ),
         (
             '[models."my model"]\ncmd = "s --port ${PORT}"\n',
             'models."my model"',

@@ -159,7 +159,7 @@ def test_matrix_problems_are_reported_at_their_paths() -> None:
     assert found == {
         f"{base}.evict_costs.e": "expected an integer, got 'high'",
         f"{base}.vars.e": "unknown model 'embd'; did you mean 'embed'?",
-        f"{base}.evict_costs.c": "expected a positive integer, got 0",
+        f"{base}.evict_costs.c": "expected a cost from 1 to 1000000, got 0",
         f"{base}.evict_costs.x": "unknown var 'x'; known vars: 'c', 'e'",
         f"{base}.sets.s1": "expected ')' but found the end of the expression",
         f"{base}.sets.s2": "unknown var 'q'; known vars: 'c', 'e'",

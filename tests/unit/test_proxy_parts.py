@@ -59,6 +59,37 @@ def test_bad_json_bodies_are_400(body: bytes, message: str) -> None:
         read_model(ModelIn.JSON, Payload(body, "application/json"), b"")
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            b'{"model": "m", "seed": ' + b"1" * 5000 + b"}",
+            "the request body holds a number with more than 4300 digits; llamaswap cannot read it",
+        ),
+        (
+            b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "the request body nests arrays and objects too deeply to read",
+        ),
+    ],
+)
+def test_json_python_cannot_read_is_400(body: bytes, message: str) -> None:
+    payload = Payload(body, "application/json")
+    with pytest.raises(BadRequest) as info:
+        read_model(ModelIn.JSON, payload, b"")
+    assert str(info.value) == message
+    with pytest.raises(BadRequest):  # asked again (a filter, the stream flag): same answer
+        payload.json()
+
+
+def test_a_document_too_deep_to_write_back_is_400() -> None:
+    nested: list[object] = []
+    for _ in range(100_000):
+        nested = [nested]
+    payload = Payload(b"(parsed)", "application/json", {"model": "m", "x": nested})
+    with pytest.raises(BadRequest, match="nests arrays and objects too deeply"):
+        rewrite_body(ModelIn.JSON, payload, model="upstream-name")
+
+
 def test_multipart_without_boundary_is_400() -> None:
     with pytest.raises(BadRequest, match="boundary"):
         read_model(ModelIn.MULTIPART, Payload(FORM_BODY, "multipart/form-data"), b"")
