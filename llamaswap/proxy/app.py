@@ -45,6 +45,27 @@ class Application:
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
+        if scope["type"] == "websocket":
+            # No route speaks WebSocket (Quart's hooks would fail outside a request
+            # context): refuse the handshake with the JSON error any bad request gets.
+            if (await receive())["type"] != "websocket.connect":
+                return  # the client left first
+            error = BadRequest(
+                "llamaswap does not accept WebSocket connections; send plain HTTP requests"
+            )
+            status, headers, body = error_response(error)
+            if "websocket.http.response" in scope.get("extensions", {}):
+                raw = [(k.encode(), v.encode()) for k, v in headers]
+                raw.append((b"content-length", str(len(body)).encode()))
+                await send(
+                    {"type": "websocket.http.response.start", "status": status, "headers": raw}
+                )
+                await send(
+                    {"type": "websocket.http.response.body", "body": body, "more_body": False}
+                )
+            else:  # the server answers 403 itself
+                await send({"type": "websocket.close", "code": 1008, "reason": str(error)})
+            return
         if scope["type"] == "http":
             route = self.forwarder.route(scope)
             if route is not None:

@@ -181,3 +181,59 @@ async def test_a_preload_that_fails_is_logged_and_the_proxy_keeps_serving(
             answer = await client.post("/v1/chat/completions", json=chat("m"))
             assert answer.status_code == 200
     assert await proxy.terminate() == 0
+
+
+async def test_json_python_cannot_read_is_a_400_not_a_crash(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    long_number = b'{"model": "m", "seed": ' + b"1" * 5000 + b"}"
+    deep = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            for body, message in (
+                (long_number, "holds a number with more than 4300 digits"),
+                (deep, "nests arrays and objects too deeply"),
+            ):
+                response = await client.post(
+                    "/v1/chat/completions",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
+                assert response.status_code == 400
+                error = response.json()["error"]
+                assert error["type"] == "invalid_request_error"
+                assert message in error["message"]
+            activity = (await client.get("/api/activity")).json()["activity"]
+    assert [record["status"] for record in activity[:2]] == [400, 400]
+    assert "Traceback" not in proxy.output.text()
+    assert "loading model" not in proxy.output.text()
+
+
+WEBSOCKET_UPGRADE = (
+    "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def test_a_websocket_upgrade_is_refused_with_a_json_error(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    host, _, port = proxy.url.removeprefix("http://").partition(":")
+    for path in ("/", "/v1/chat/completions", "/upstream/m/ws", "/health"):
+        with trio.fail_after(30):
+            stream = await trio.open_tcp_stream(host, int(port))
+            async with stream:
+                await stream.send_all(WEBSOCKET_UPGRADE.format(path=path).encode())
+                answer = b""
+                while chunk := await stream.receive_some():  # until the proxy closes it
+                    answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), answer
+        assert b"content-type: application/json" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"] == (
+            "llamaswap does not accept WebSocket connections; send plain HTTP requests"
+        )
+    assert "Traceback" not in proxy.output.text()
+    assert "loading model" not in proxy.output.text()
