@@ -4,6 +4,7 @@
 
     LlamaSwapError
     ├── ConfigError                 the configuration file is invalid (every problem at once)
+    ├── LifelineError               the lifeline guard could not be started or reached
     └── RequestError                answered to an HTTP client (status and body: proxy/errors.py)
         ├── BadRequest              400  body is not JSON, or names no model
         ├── Unauthorized            401  missing or wrong API key
@@ -19,7 +20,8 @@
 
 "We stopped it" and "it broke" are different errors: ``ModelUnloaded`` and
 ``ShuttingDown`` are our own doing, ``ModelStartFailed`` and ``UpstreamError`` are
-the model server's.
+the model server's. ``LifelineError`` is llamaswap's own machinery failing: the supervisor
+reports it as a start failure that names llamaswap, never the model's ``cmd``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "InternalError",
+    "LifelineError",
     "LlamaSwapError",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -83,6 +86,17 @@ class ConfigError(LlamaSwapError):
         lines = "\n".join(f"  {p.render(file)}" for p in self.problems)
         count = len(self.problems)
         super().__init__(f"{count} problem{'s' if count != 1 else ''} in {file}:\n{lines}")
+
+
+class LifelineError(LlamaSwapError):
+    """llamaswap's lifeline guard (process/lifeline.py) could not be started or reached.
+
+    A spawn that raises it never ran the command: the failure is llamaswap's, not the model's.
+    """
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"llamaswap's lifeline guard failed: {detail}")
 
 
 class RequestError(LlamaSwapError):

@@ -5,6 +5,9 @@ llamaswap on stdin. Lines ``+PGID`` register a model's process group, ``-PGID`` 
 it. When the pipe reaches end of file, every write end is closed: llamaswap has exited
 (however it died, even by ``kill -9``), so the guard SIGKILLs every group still
 registered and exits. It imports nothing from llamaswap, so it starts in milliseconds.
+
+If the guard itself dies, llamaswap starts another on a new pipe and writes every live
+group into it first (``lifeline.py``); this one never needs to know.
 """
 
 import contextlib

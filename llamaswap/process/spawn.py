@@ -48,6 +48,8 @@ class Spawner(Protocol):
 
         Raises:
             OSError: the program could not be executed (not found, not executable).
+            LifelineError: llamaswap could not register the process with its lifeline
+                guard (llamaswap's own failure; the program never ran).
         """
 
     async def run(
@@ -116,15 +118,21 @@ class SubprocessSpawner:
         self._lifeline = lifeline
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> SubprocessHandle:
-        process = await trio.lowlevel.open_process(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,
-            preexec_fn=None if self._lifeline is None else self._lifeline.register_self,
-        )
+        async def start(preexec_fn: Callable[[], None] | None) -> trio.Process:
+            return await trio.lowlevel.open_process(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+                preexec_fn=preexec_fn,
+            )
+
+        if self._lifeline is None:
+            process = await start(None)
+        else:
+            process = await self._lifeline.spawn(start)
         return SubprocessHandle(process, self._lifeline)
 
     async def run(

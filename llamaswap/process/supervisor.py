@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from ..config.model import ModelConfig
-from ..errors import ModelStartFailed, ModelUnloaded, RequestError
+from ..errors import LifelineError, ModelStartFailed, ModelUnloaded, RequestError
 from .health import Probe
 from .logring import LogRing
 from .spawn import ProcessHandle, Spawner
@@ -263,6 +263,11 @@ class ModelSupervisor:
         except OSError as exc:
             reason = f"cannot run {self.config.cmd[0]!r}: {exc.strerror or exc}"
             self._fail(run, ModelStartFailed(self.model_id, reason))
+            return None
+        except LifelineError as exc:
+            # Our own machinery failed before the command ran: not a problem with cmd.
+            hint = "the command never ran: this is llamaswap's own failure; see its log"
+            self._fail(run, ModelStartFailed(self.model_id, str(exc), hint=hint))
             return None
         run.pid = process.pid
         logger.info("model %r: started pid %d", self.model_id, process.pid)
