@@ -1,14 +1,19 @@
-"""The supervisor against real fake-server processes: real clock, real HTTP, no orphans."""
+"""The supervisor against real fake-server processes: real clock, real HTTP, no orphans.
+
+Only order and bounds are asserted here, each wait under a generous hang guard: on a loaded
+machine wall-clock durations stretch. Exact durations (readiness within 100 ms, SIGKILL at
+``unloadTimeout``, fail at once) are proved on Trio's mock clock in tests/trio/.
+"""
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-import httpx
 import pytest
 import trio
 
@@ -22,7 +27,15 @@ from llamaswap.process import (
     SubprocessSpawner,
     open_lifeline,
 )
-from tests.e2e.harness import MARKER_VARIABLE, alive, child_env, free_port_base, survivors
+from llamaswap.proxy.upstream import UpstreamPool
+from tests.e2e.harness import (
+    MARKER_VARIABLE,
+    alive,
+    child_env,
+    free_port_base,
+    survivors,
+    wait_until,
+)
 from tests.fakes import StateRecorder
 
 
@@ -33,9 +46,9 @@ async def lifeline() -> AsyncIterator[Lifeline]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+async def pool() -> AsyncIterator[UpstreamPool]:
+    async with UpstreamPool() as pool:
+        yield pool
 
 
 @pytest.fixture
@@ -48,10 +61,11 @@ def marker() -> Iterator[str]:
 async def supervise(
     nursery: trio.Nursery,
     lifeline: Lifeline,
-    client: httpx.AsyncClient,
+    pool: UpstreamPool,
     marker: str,
     *flags: str,
     recorder: StateRecorder | None = None,
+    health_check_timeout: float = 20.0,
     **settings: object,
 ) -> ModelSupervisor:
     port = free_port_base(1)
@@ -65,68 +79,78 @@ async def supervise(
         "fake",
         ModelConfig(cmd=cmd, proxy=f"http://127.0.0.1:{port}", env=env, **settings),  # type: ignore[arg-type]
         spawner=SubprocessSpawner(lifeline),
-        probe=HttpProbe(client),
-        health_check_timeout=20.0,
+        probe=HttpProbe(pool),
+        health_check_timeout=health_check_timeout,
         listener=recorder,
     )
     await nursery.start(supervisor.run)
     return supervisor
 
 
-async def test_readiness_is_detected_within_100ms(
-    nursery: trio.Nursery, lifeline: Lifeline, client: httpx.AsyncClient, marker: str
+async def test_readiness_is_seen_once_the_server_turns_healthy(
+    nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
 ) -> None:
-    supervisor = await supervise(nursery, lifeline, client, marker, "--load-seconds", "0.5")
+    # "Within 100 ms" is the poll interval's doing: proved on the mock clock
+    # (tests/trio/test_supervisor.py). Here: a loading server's 503 is not taken for ready.
+    supervisor = await supervise(nursery, lifeline, pool, marker, "--load-seconds", "0.5")
+
+    def healthy_at() -> list[float]:
+        return [
+            float(match[1])
+            for line in supervisor.log.lines()
+            if (match := re.search(r"fake_server: healthy at ([0-9.]+)", line.text))
+        ]
+
     with trio.fail_after(20):
         await supervisor.ensure_ready()
-    ready_at = time.time()
-    healthy = [
-        float(match[1])
-        for line in supervisor.log.lines()
-        if (match := re.search(r"fake_server: healthy at ([0-9.]+)", line.text))
-    ]
-    assert len(healthy) == 1
-    assert 0 <= ready_at - healthy[0] < 0.1
+        ready_at = time.time()
+        # Printed as the server turns healthy, the line reaches the log a moment later.
+        await wait_until(lambda: bool(healthy_at()), within=10)
+    (healthy,) = healthy_at()
+    assert healthy <= ready_at
     await supervisor.stop("test over")
 
 
 async def test_exit_during_start_fails_fast_with_the_output_tail(
-    nursery: trio.Nursery, lifeline: Lifeline, client: httpx.AsyncClient, marker: str
+    nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
 ) -> None:
-    supervisor = await supervise(nursery, lifeline, client, marker, "--fail-start")
-    started = trio.current_time()
-    with trio.fail_after(20), pytest.raises(ModelStartFailed) as caught:
+    # A start that waited for healthCheckTimeout would trip the hang guard long before.
+    supervisor = await supervise(
+        nursery, lifeline, pool, marker, "--fail-start", health_check_timeout=3600.0
+    )
+    with trio.fail_after(60), pytest.raises(ModelStartFailed) as caught:
         await supervisor.ensure_ready()
-    assert trio.current_time() - started < 10  # far from healthCheckTimeout (20 s)
+    assert "exited with status 1 while starting" in str(caught.value)
     assert caught.value.exit_code == 1
     assert any("failed to load model file" in line for line in caught.value.log_tail)
     assert supervisor.state is ModelState.STOPPED
 
 
 async def test_sigterm_ignoring_server_is_sigkilled_after_unload_timeout(
-    nursery: trio.Nursery, lifeline: Lifeline, client: httpx.AsyncClient, marker: str
+    nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
 ) -> None:
     supervisor = await supervise(
-        nursery, lifeline, client, marker, "--ignore-sigterm", unload_timeout=1.0
+        nursery, lifeline, pool, marker, "--ignore-sigterm", unload_timeout=1.0
     )
     with trio.fail_after(20):
         await supervisor.ensure_ready()
         pid = supervisor.statistics().pid
         started = trio.current_time()
         await supervisor.stop("test")
-    took = trio.current_time() - started
-    assert 1.0 <= took < 3.0
+    # Polite first, SIGKILL no sooner than unloadTimeout (when exactly: the mock-clock test).
+    assert trio.current_time() - started >= 1.0
+    assert supervisor.statistics().last_exit_code == -signal.SIGKILL
     assert pid is not None
     assert not alive(pid)
     assert any("received SIGTERM" in line.text for line in supervisor.log.lines())
 
 
 async def test_cancelling_a_start_kills_the_process(
-    nursery: trio.Nursery, lifeline: Lifeline, client: httpx.AsyncClient, marker: str
+    nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
 ) -> None:
     recorder = StateRecorder()
     supervisor = await supervise(
-        nursery, lifeline, client, marker, "--load-seconds", "60", recorder=recorder
+        nursery, lifeline, pool, marker, "--load-seconds", "60", recorder=recorder
     )
     with trio.fail_after(20):
         async with trio.open_nursery() as waiting:
@@ -142,15 +166,23 @@ async def test_cancelling_a_start_kills_the_process(
 
 
 async def test_ttl_unloads_a_real_server(
-    nursery: trio.Nursery, lifeline: Lifeline, client: httpx.AsyncClient, marker: str
+    nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
 ) -> None:
     recorder = StateRecorder()
-    supervisor = await supervise(nursery, lifeline, client, marker, recorder=recorder, ttl=0.5)
+    supervisor = await supervise(nursery, lifeline, pool, marker, recorder=recorder, ttl=0.5)
     with trio.fail_after(20):
         await supervisor.ensure_ready()
-        pid = supervisor.statistics().pid
-        ready = trio.current_time()
+        stats = supervisor.statistics()
         await recorder.wait_for(ModelState.STOPPED)
+    # The idle clock starts when the supervisor saw ready, not when this task woke up.
+    pid, ready = stats.pid, stats.ready_since
+    assert ready is not None
     assert trio.current_time() - ready >= 0.5
+    assert recorder.states() == [
+        ModelState.STARTING,
+        ModelState.READY,
+        ModelState.STOPPING,
+        ModelState.STOPPED,
+    ]
     assert pid is not None
     assert not alive(pid)
