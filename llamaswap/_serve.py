@@ -23,7 +23,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from llamaswap.config.model import Config
+from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import RequestError
 from llamaswap.process import HttpProbe, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
@@ -44,10 +44,18 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     # Past unloadTimeout the router cancels what still runs, each with a clear error:
     # hypercorn must not cut those connections before the errors are out.
     settings.graceful_timeout = config.unload_timeout + CANCEL_GRACE
-    settings.keep_alive_timeout = 75.0
+    # hypercorn's idle timer runs from the moment a connection opens (or its previous
+    # response ends) until a complete request head has arrived, so it is both the keep-alive
+    # timeout and the bound on a slow request head. It is stopped while a request is being
+    # answered, however long the answer waits or streams.
+    settings.keep_alive_timeout = REQUEST_HEAD_TIMEOUT
+    # Not read_timeout: it bounds every read on the connection, and a client waiting for its
+    # answer (queued, a model loading, tokens streaming) sends nothing for minutes. The body
+    # is bounded by the application instead (REQUEST_BODY_TIMEOUT, proxy/app.py).
+    settings.read_timeout = None
     settings.keep_alive_max_requests = 2**31  # never close a busy client's connection
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
-    settings.h11_max_incomplete_size = 64 * 1024
+    settings.h11_max_incomplete_size = 64 * 1024  # the largest request head
     return settings
 
 

@@ -63,6 +63,14 @@ FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 #: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
 AGING_DIVISOR = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no aging")
 
+# How long a client may take to send its request: the proxy's own limits, not TOML keys.
+# Waiting for an answer is never limited (a queued request, a load, a long generation).
+#: Seconds from opening a connection, or from the end of the previous response on it,
+#: until a complete request head (request line and headers) has arrived; then it is closed.
+REQUEST_HEAD_TIMEOUT = 75.0
+#: Seconds llamaswap waits for the next piece of a request body before answering 408.
+REQUEST_BODY_TIMEOUT = 60.0
+
 
 def key(name: str) -> dict[str, Any]:
     """Field metadata naming a TOML key that is not the field name in lowerCamelCase."""

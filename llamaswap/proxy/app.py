@@ -11,12 +11,19 @@ import json
 import time
 from typing import Any, final
 
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+import trio
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    Scope,
+)
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from llamaswap.config.model import Config
+from llamaswap.config.model import REQUEST_BODY_TIMEOUT, Config
 from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import ActivityLog, Metrics
@@ -66,12 +73,62 @@ class Application:
             else:  # the server answers 403 itself
                 await send({"type": "websocket.close", "code": 1008, "reason": str(error)})
             return
-        if scope["type"] == "http":
-            route = self.forwarder.route(scope)
-            if route is not None:
-                await self.forwarder(route, scope, receive, send)
-                return
-        await self.quart(scope, receive, send)
+        if scope["type"] != "http":
+            await self.quart(scope, receive, send)  # lifespan
+            return
+        # A request body must keep arriving: at most REQUEST_BODY_TIMEOUT between pieces
+        # (hypercorn bounds the head; see _serve.py). If it stops, the handler sees the
+        # client leave, as if it had hung up, and the client gets a 408. Once the body is
+        # in, receive() only waits for the client to leave: waiting for an answer is never
+        # limited (a queued request, a load, a long generation).
+        body_done = stalled = answered = False
+
+        async def receive_body() -> ASGIReceiveEvent:
+            nonlocal body_done, stalled
+            if stalled:
+                return {"type": "http.disconnect"}
+            if body_done:
+                return await receive()
+            with trio.move_on_after(REQUEST_BODY_TIMEOUT):
+                message = await receive()
+                more = message["type"] == "http.request" and message.get("more_body", False)
+                body_done = not more
+                return message
+            stalled = True
+            return {"type": "http.disconnect"}
+
+        async def send_answer(message: ASGISendEvent) -> None:
+            nonlocal answered
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
+        route = self.forwarder.route(scope)
+        if route is not None:
+            await self.forwarder(route, scope, receive_body, send_answer)
+        else:
+            await self.quart(scope, receive_body, send_answer)
+        if stalled and not answered:
+            message = (
+                "the request body stopped arriving: nothing for "
+                f"{REQUEST_BODY_TIMEOUT:g} s; send the whole body promptly"
+            )
+            fields = {"message": message, "type": "invalid_request_error"}
+            payload = json.dumps({"error": {**fields, "code": "request_timeout", "param": None}})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 408,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(payload)).encode()),
+                        (b"connection", b"close"),  # the rest of the body may still come
+                    ],
+                    "trailers": False,
+                }
+            )
+            await send(
+                {"type": "http.response.body", "body": payload.encode(), "more_body": False}
+            )
 
 
 def _json(document: Any) -> Response:

@@ -1,0 +1,163 @@
+"""How long a client may take to send its request, end to end (docs/api.md, "Slow clients").
+
+The real bounds (75 s for a request head, 60 s between pieces of a body) are too long for a
+test, so these proxies start with both set to one second, as ``llamaswap.config.model``
+constants patched before the server is imported. The same one-second bounds then show that
+nothing else is cut: a request that waits in silence for a load, and an answer that streams
+for longer than the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.e2e.harness import (
+    LISTENING,
+    REPO,
+    Output,
+    ProxyProcess,
+    child_env,
+    stop_proxy,
+)
+from tests.e2e.test_proxy import chat, config
+
+BOUND = 1.0
+LAUNCH = (
+    "import sys\n"
+    "import llamaswap.config.model as model\n"
+    f"model.REQUEST_HEAD_TIMEOUT = model.REQUEST_BODY_TIMEOUT = {BOUND!r}\n"
+    "from llamaswap.cli import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+StartProxy = Callable[[str], Awaitable[ProxyProcess]]
+
+
+@pytest.fixture
+async def short_bounds_proxy(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[StartProxy]:
+    """Start real proxies whose client timeouts are ``BOUND``; stopped after the test."""
+    started: list[ProxyProcess] = []
+
+    async def start(text: str) -> ProxyProcess:
+        path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
+        path.write_text(text)
+        marker = uuid.uuid4().hex
+        argv = [sys.executable, "-c", LAUNCH, "--config", str(path), "--listen", "127.0.0.1:0"]
+        process = await trio.lowlevel.open_process(
+            [*argv, "--log-level", "debug"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=child_env(marker),
+            cwd=REPO,
+        )
+        output = Output()
+        assert process.stdout is not None
+        nursery.start_soon(output.collect, process.stdout)
+        proxy = ProxyProcess(process, "", output, marker)
+        started.append(proxy)
+        with trio.fail_after(20):
+            proxy.url = (await output.wait_for(LISTENING.pattern))["url"]
+        return proxy
+
+    yield start
+    for proxy in started:
+        await stop_proxy(proxy)
+
+
+async def connect(proxy: ProxyProcess) -> trio.SocketStream:
+    host, _, port = proxy.url.removeprefix("http://").partition(":")
+    return await trio.open_tcp_stream(host, int(port))
+
+
+async def read_to_end(stream: trio.SocketStream) -> bytes:
+    received = b""
+    while chunk := await stream.receive_some():
+        received += chunk
+    return received
+
+
+def head(path: str, length: int) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+
+async def test_a_request_head_that_stops_arriving_is_cut_off(
+    short_bounds_proxy: StartProxy,
+) -> None:
+    proxy = await short_bounds_proxy(config('[models.m]\ncmd = "${fake}"'))
+    async with await connect(proxy) as stream:
+        await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nCont")
+        sent = trio.current_time()
+        with trio.fail_after(10 * BOUND):
+            assert await read_to_end(stream) == b""  # closed without a word
+        assert trio.current_time() - sent > BOUND / 2  # by the timer, not by a parse error
+    assert "Traceback" not in proxy.output.text()
+
+
+async def test_a_request_body_that_stops_arriving_is_answered_408(
+    short_bounds_proxy: StartProxy,
+) -> None:
+    proxy = await short_bounds_proxy(config('[models.m]\ncmd = "${fake}"'))
+    async with await connect(proxy) as stream:
+        await stream.send_all(head("/v1/chat/completions", 1000) + b'{"model": "m", ')
+        with trio.fail_after(10 * BOUND):
+            answer = await read_to_end(stream)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 408 "), answer
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout"
+    assert error["message"] == (
+        "the request body stopped arriving: nothing for 1 s; send the whole body promptly"
+    )
+    assert "Traceback" not in proxy.output.text()
+    assert "loading model" not in proxy.output.text()
+
+
+async def test_a_body_that_keeps_arriving_slowly_is_not_cut(
+    short_bounds_proxy: StartProxy,
+) -> None:
+    proxy = await short_bounds_proxy(config('[models.m]\ncmd = "${fake}"'))
+    body = json.dumps(chat("m", max_tokens=3)).encode()
+    pieces = [body[i : i + len(body) // 4 + 1] for i in range(0, len(body), len(body) // 4 + 1)]
+    async with await connect(proxy) as stream:
+        with trio.fail_after(30):
+            await stream.send_all(head("/v1/chat/completions", len(body)))
+            for piece in pieces:  # the whole body takes longer than BOUND, each gap less
+                await trio.sleep(0.4 * BOUND)
+                await stream.send_all(piece)
+            answer = await read_to_end(stream)
+    assert len(pieces) * 0.4 * BOUND > BOUND
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+async def test_waiting_and_streaming_for_longer_than_the_bounds_is_not_cut(
+    short_bounds_proxy: StartProxy,
+) -> None:
+    proxy = await short_bounds_proxy(
+        config('[models.slow]\ncmd = "${fake} --load-seconds 2.5 --tokens-per-second 10"')
+    )
+    body = json.dumps(chat("slow", stream=True, max_tokens=25)).encode()
+    arrivals: list[float] = []
+    async with await connect(proxy) as stream:
+        with trio.fail_after(30):
+            start = trio.current_time()
+            await stream.send_all(head("/v1/chat/completions", len(body)) + body)
+            answer = b""
+            while chunk := await stream.receive_some():  # the client says nothing meanwhile
+                answer += chunk
+                arrivals.append(trio.current_time() - start)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert answer.count(b"data: {") >= 25
+    assert b"data: [DONE]" in answer
+    assert arrivals[0] > 2 * BOUND  # silent through the load
+    assert arrivals[-1] - arrivals[0] > 2 * BOUND  # then streaming for longer than the bound
