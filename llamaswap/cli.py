@@ -11,6 +11,7 @@ from functools import partial
 import trio
 
 from llamaswap._serve import serve
+from llamaswap._version import version
 from llamaswap.config import Config, load_config
 from llamaswap.errors import ConfigError
 from llamaswap.router.swappers import make_swapper
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         description="A model-swapping, priority-scheduling proxy for local AI servers.",
         epilog="Validate a config without serving: llamaswap check-config PATH",
     )
+    parser.add_argument("--version", action="version", version=f"llamaswap {version()}")
     parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
     parser.add_argument(
         "--listen",

@@ -12,6 +12,7 @@
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
         ├── ConcurrencyLimit        429  the model already has ``concurrencyLimit`` requests
+        ├── RequestCancelled        499  an operator cancelled it (POST /api/inflight/ID/cancel)
         ├── ModelStartFailed        502  the model exited or timed out while starting
         ├── UpstreamError           502  the model server refused or broke the connection
         ├── ModelUnloaded           503  we stopped the model while the request waited
@@ -43,6 +44,7 @@ __all__ = [
     "ModelNotFound",
     "ModelStartFailed",
     "ModelUnloaded",
+    "RequestCancelled",
     "RequestError",
     "ShuttingDown",
     "Unauthorized",
@@ -144,6 +146,17 @@ class ConcurrencyLimit(RequestError):
         super().__init__(
             f"model {model!r} already has {limit} requests waiting or running "
             f"(models.{model}.concurrencyLimit); retry shortly"
+        )
+
+
+class RequestCancelled(RequestError):
+    """An operator cancelled the request through the API, wherever it was."""
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        super().__init__(
+            f"request #{request_id} was cancelled by an operator, via the API "
+            f"(POST /api/inflight/{request_id}/cancel)"
         )
 
 

@@ -36,6 +36,7 @@ from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
 from .forward import Forwarder
+from .operations import client_address, model_status, register
 from .upstream import UpstreamPool
 
 __all__ = ["Application", "create_app"]
@@ -179,6 +180,13 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> Applicatio
     @quart.get("/v1/models")
     @quart.get("/models")
     async def models() -> Response:
+        now, wall_now = trio.current_time(), time.time()
+        status = {
+            model_id: model_status(
+                supervisor.statistics(), supervisor.config.ttl, now=now, wall_now=wall_now
+            )
+            for model_id, supervisor in router.supervisors.items()
+        }
         data = []
         for model_id, model in config.models.items():
             if model.unlisted:
@@ -192,7 +200,7 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> Applicatio
                     "owned_by": "llamaswap",
                     "name": model.name or model_id,
                     "description": model.description or "",
-                    "meta": dict(model.metadata),
+                    "meta": {**model.metadata, "llamaswap": status.get(model_id)},
                 }
                 data.append(entry)
         for name in names.peer_models():
@@ -237,7 +245,12 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> Applicatio
         try:
             exchange.model = model_id = local(name)
             priority = parse_priority(request.headers.getlist(PRIORITY_HEADER))
-            exchange.lease = router.lease(model_id, priority=priority)
+            exchange.lease = router.lease(
+                model_id,
+                priority=priority,
+                client=client_address(request.scope.get("client")),
+                route=f"{request.method} {request.path}",
+            )
             async with router.acquire(exchange.lease):
                 pass
             exchange.status = 200
@@ -274,4 +287,5 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> Applicatio
         records = recorder.activity.recent(max(0, limit), request.args.get("model"))
         return _json({"activity": [record.to_json() for record in records]})
 
+    register(quart, router)
     return Application(quart, Forwarder(config, router, names, pool, recorder))

@@ -53,6 +53,7 @@ from .errors import error_response
 from .exchange import Exchange, Recorder
 from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
+from .operations import client_address
 from .upstream import UpstreamFailed, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder", "Route"]
@@ -377,6 +378,8 @@ class Forwarder:
             target.model_id,
             priority=exchange.priority,
             needs_slot=scope["method"] not in ("GET", "HEAD"),
+            client=client_address(scope.get("client")),
+            route=f"{scope['method']} {scope['path']}",
         )
         async with self._router.acquire(exchange.lease, while_waiting=while_waiting):
             await self._forward(exchange, scope, upstream, body, reply)

@@ -58,6 +58,8 @@ class RequestInfo:
     dispatched_at: float | None
     score: float | None
     metadata: Mapping[str, object]
+    client: str | None = None  # "host:port" of the HTTP client, when known
+    route: str = ""  # e.g. "POST /v1/chat/completions"
 
     @property
     def queue_wait(self) -> float | None:
@@ -66,10 +68,16 @@ class RequestInfo:
 
 @final
 class Lease:
-    """One admitted request's hold on its model. Made by ``Router.lease``."""
+    """One admitted request's hold on its model. Made by ``Router.lease``.
 
-    def __init__(self, ticket: Ticket) -> None:
+    ``client`` and ``route`` are what the HTTP side knows and the scheduler does not:
+    they are only shown (``RequestInfo``, ``GET /api/inflight``).
+    """
+
+    def __init__(self, ticket: Ticket, *, client: str | None = None, route: str = "") -> None:
         self.ticket = ticket
+        self.client = client
+        self.route = route
         self.state = LeaseState.ADMITTED
         #: Cancelling it ends the request wherever it is (``cancel``).
         self.scope = trio.CancelScope()
@@ -99,6 +107,8 @@ class Lease:
             dispatched_at=ticket.dispatched_at,
             score=ticket.score,
             metadata=dict(ticket.metadata),
+            client=self.client,
+            route=self.route,
         )
 
     def cancel(self, error: RequestError) -> None:

@@ -122,8 +122,17 @@ class Router:
 
     # --------------------------------------------------------------- requests
 
-    def lease(self, model: str, *, priority: int = 0, needs_slot: bool = True) -> Lease:
-        """A new request for ``model`` (an ID), to pass to ``acquire``."""
+    def lease(
+        self,
+        model: str,
+        *,
+        priority: int = 0,
+        needs_slot: bool = True,
+        client: str | None = None,
+        route: str = "",
+    ) -> Lease:
+        """A new request for ``model`` (an ID), to pass to ``acquire``; ``client`` and
+        ``route`` are only shown (``RequestInfo``)."""
         ticket = Ticket(
             model,
             priority=priority,
@@ -132,11 +141,15 @@ class Router:
             needs_slot=needs_slot,
             effective_priority=priority,
         )
-        return Lease(ticket)
+        return Lease(ticket, client=client, route=route)
 
     def requests(self) -> list[RequestInfo]:
         """Every admitted request not yet released, oldest first."""
         return [lease.info() for lease in self._leases]
+
+    def lease_by_id(self, request_id: int) -> Lease | None:
+        """The admitted, unreleased request whose ``RequestInfo.id`` is ``request_id``."""
+        return next((lease for lease in self._leases if lease.id == request_id), None)
 
     def position(self, lease: Lease) -> tuple[int | None, int]:
         """The request's place in the queue (``None`` once dispatched), and how many wait."""

@@ -1,0 +1,140 @@
+"""Live operations: what is in flight, cancelling one request, model state, the version.
+
+``GET /api/inflight`` lists every request the scheduler has admitted and not yet released,
+from the router's ``RequestInfo`` snapshots; ``POST /api/inflight/{id}/cancel`` ends one
+through its lease, exactly as a client disconnect would (``Lease.cancel``), and its client
+gets a ``RequestCancelled`` error. Requests to peers bypass the scheduler and hold no
+lease, so they are not listed and cannot be cancelled here.
+
+The router's times are Trio's clock; what is shown is wall-clock time, converted at the
+moment of answering (``to_wall_clock``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import Any
+
+import trio
+from quart import Response
+from quart_trio import QuartTrio
+
+from llamaswap._version import versions
+from llamaswap.errors import RequestCancelled
+from llamaswap.process import ModelState, ModelStatistics
+from llamaswap.router import Router
+from llamaswap.router.lease import LeaseState, RequestInfo
+
+__all__ = [
+    "client_address",
+    "inflight_entry",
+    "iso_time",
+    "model_status",
+    "register",
+    "to_wall_clock",
+]
+
+
+def to_wall_clock(t: float, *, now: float, wall_now: float) -> float:
+    """Trio time ``t`` as a Unix timestamp, given the same instant on both clocks.
+
+    Trio's clock has an arbitrary origin (and is a mock clock in tests): only
+    differences from ``now`` carry over to the wall clock.
+    """
+    return wall_now - (now - t)
+
+
+def iso_time(timestamp: float) -> str:
+    """A Unix timestamp as UTC ISO 8601 with milliseconds, as the activity log writes it."""
+    moment = datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def client_address(client: tuple[str, int] | None) -> str | None:
+    """An ASGI scope's ``client`` as ``host:port`` (``[host]:port`` for IPv6)."""
+    if not client:
+        return None
+    host, port = client
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def inflight_entry(info: RequestInfo, *, now: float, wall_now: float) -> dict[str, Any]:
+    """One ``/api/inflight`` entry. ``waited_ms`` runs until the request is dispatched
+    (served, or its load started or joined), as the activity log's ``queue_wait_ms``."""
+    waited = (now if info.dispatched_at is None else info.dispatched_at) - info.arrival
+    return {
+        "id": info.id,
+        "model": info.model,
+        "state": info.state,
+        "priority": info.effective_priority,
+        "band": info.band,
+        "score": info.score,
+        "waited_ms": round(waited * 1000, 3),
+        "started": iso_time(to_wall_clock(info.arrival, now=now, wall_now=wall_now)),
+        "client": info.client,
+        "route": info.route,
+    }
+
+
+def model_status(
+    stats: ModelStatistics, ttl: float, *, now: float, wall_now: float
+) -> dict[str, Any]:
+    """A model's ``meta.llamaswap`` in ``/v1/models``.
+
+    ``ttl`` is null when the model has none; ``ttl_left`` is null unless the idle countdown
+    is running (the model is ready, has a TTL and no request in flight).
+    """
+    loaded_since = None
+    if stats.ready_since is not None:
+        loaded_since = iso_time(to_wall_clock(stats.ready_since, now=now, wall_now=wall_now))
+    ttl_left = None
+    counting = stats.state is ModelState.READY and stats.idle_deadline != float("inf")
+    if ttl > 0 and counting:
+        ttl_left = round(max(0.0, stats.idle_deadline - now), 3)
+    return {
+        "state": stats.state.value,
+        "loaded_since": loaded_since,
+        "ttl": ttl if ttl > 0 else None,
+        "ttl_left": ttl_left,
+    }
+
+
+def _json(document: Any, status: int = 200) -> Response:
+    return Response(json.dumps(document), status=status, content_type="application/json")
+
+
+#: Lease states of a request still running (not failed, left, or released).
+_LIVE = (LeaseState.ADMITTED, LeaseState.GRANTED)
+
+
+def register(quart: QuartTrio, router: Router) -> None:
+    """Add ``/api/inflight``, ``/api/inflight/{id}/cancel`` and ``/api/version``."""
+
+    @quart.get("/api/inflight")
+    async def inflight() -> Response:
+        now, wall_now = trio.current_time(), time.time()
+        entries = [
+            inflight_entry(info, now=now, wall_now=wall_now)
+            for info in router.requests()
+            if info.state != "done"
+        ]
+        return _json({"inflight": entries})
+
+    @quart.post("/api/inflight/<int:request_id>/cancel")
+    async def cancel(request_id: int) -> Response:
+        lease = router.lease_by_id(request_id)
+        info = None if lease is None or lease.state not in _LIVE else lease.info()
+        if lease is None or info is None or info.state == "done":
+            message = f"no request {request_id} in flight; GET /api/inflight lists them"
+            error = {"message": message, "type": "invalid_request_error", "code": "not_found"}
+            return _json({"error": {**error, "param": None}}, status=404)
+        # Synchronous: the request's own task unwinds (leaves the queue, drops its load,
+        # closes its upstream connection) and answers its client with the error.
+        lease.cancel(RequestCancelled(request_id))
+        return _json({"cancelled": request_id, "state": info.state})
+
+    @quart.get("/api/version")
+    async def version() -> Response:
+        return _json(versions())

@@ -1,0 +1,310 @@
+"""Live operations end to end: /api/inflight, cancelling a request through the API wherever
+it is, model state in /v1/models, /api/version and ``--version``."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import platform
+import re
+import sys
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import alive, child_env, wait_until
+from tests.e2e.test_proxy import chat, config, running
+
+# One group (the default): a model must evict the others to load.
+MODELS = config(
+    """
+[models.alpha]
+cmd = "${fake}"
+ttl = 300
+[models.alpha.metadata]
+family = "test"
+[models.beta]
+cmd = "${fake} --tokens-per-second 20"
+[models.slow]
+cmd = "${fake} --load-seconds 60"
+"""
+)
+
+#: Fields every /api/inflight entry has.
+FIELDS = {
+    "id",
+    "model",
+    "state",
+    "priority",
+    "band",
+    "score",
+    "waited_ms",
+    "started",
+    "client",
+    "route",
+}
+
+
+async def inflight(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    response = await client.get("/api/inflight")
+    assert response.status_code == 200
+    entries: list[dict[str, Any]] = response.json()["inflight"]
+    assert all(set(entry) == FIELDS for entry in entries)
+    return entries
+
+
+async def wait_for_request(client: httpx.AsyncClient, model: str, state: str) -> dict[str, Any]:
+    """Poll /api/inflight until ``model`` has a request in ``state`` (bounded by the
+    caller's ``fail_after``): there is no event to wait on from outside the proxy."""
+    while True:
+        for entry in await inflight(client):
+            if (entry["model"], entry["state"]) == (model, state):
+                return entry
+        await trio.sleep(0.02)
+
+
+def wall(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def cancelled_error(response: httpx.Response, request_id: int) -> None:
+    """``response`` is the JSON error an operator's cancel gives."""
+    assert response.status_code == 499
+    assert response.json()["error"] == {
+        "message": f"request #{request_id} was cancelled by an operator, via the API "
+        f"(POST /api/inflight/{request_id}/cancel)",
+        "type": "server_error",
+        "code": "request_cancelled",
+        "param": None,
+    }
+
+
+async def activity_of(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
+    (record,) = (await client.get("/api/activity", params={"model": model})).json()["activity"]
+    assert isinstance(record, dict)
+    return record
+
+
+async def test_a_queued_request_is_listed_and_cancelled(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert await inflight(client) == []
+            long = chat("beta", stream=True, max_tokens=400)  # 20 s unless stopped
+            async with client.stream("POST", "/v1/chat/completions", json=long) as busy:
+                assert busy.status_code == 200
+                answers: list[httpx.Response] = []
+
+                async def queued() -> None:
+                    headers = {"X-LlamaSwap-Priority": "batch"}
+                    body = chat("alpha")
+                    answers.append(
+                        await client.post("/v1/chat/completions", json=body, headers=headers)
+                    )
+
+                before = time.time()
+                nursery.start_soon(queued)
+                entry = await wait_for_request(client, "alpha", "queued")
+                seen = time.time()
+                assert entry["route"] == "POST /v1/chat/completions"
+                assert re.fullmatch(r"127\.0\.0\.1:\d+", entry["client"])
+                assert (entry["priority"], entry["band"], entry["score"]) == (-100, "batch", None)
+                assert before - 0.01 <= wall(entry["started"]) <= seen
+                assert 0 <= entry["waited_ms"] <= (seen - before) * 1000
+
+                # Oldest first; a queued request's wait grows, a served one's is fixed.
+                serving, later = await inflight(client)
+                assert (serving["model"], serving["state"]) == ("beta", "serving")
+                assert serving["id"] < entry["id"] == later["id"]
+                assert later["waited_ms"] > entry["waited_ms"]
+                assert (await inflight(client))[0]["waited_ms"] == serving["waited_ms"]
+
+                cancel = await client.post(f"/api/inflight/{entry['id']}/cancel")
+                assert cancel.status_code == 200
+                assert cancel.json() == {"cancelled": entry["id"], "state": "queued"}
+                await wait_until(lambda: bool(answers), within=10)
+                cancelled_error(answers[0], entry["id"])
+                assert [e["model"] for e in await inflight(client)] == ["beta"]
+                again = await client.post(f"/api/inflight/{entry['id']}/cancel")
+                assert again.status_code == 404
+            # beta is free: a queued alpha would load now. It left the queue: it must not.
+            after = await client.post("/v1/chat/completions", json=chat("beta"))
+            assert after.status_code == 200
+            record = await activity_of(client, "alpha")
+    assert "loading model 'alpha'" not in proxy.output.text()
+    assert (record["status"], record["queue_wait_ms"]) == (499, None)
+    assert "cancelled by an operator" in record["error"]
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "serial"])
+async def test_a_loading_request_cancelled_kills_the_starting_process(
+    proxy_factory: StartProxy, nursery: trio.Nursery, scheduler: str
+) -> None:
+    proxy = await proxy_factory(
+        config(
+            '[models.slow]\ncmd = "${fake} --load-seconds 60"\n'
+            f'[routing.scheduler]\nuse = "{scheduler}"'
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            answers: list[httpx.Response] = []
+
+            async def request() -> None:
+                answers.append(await client.post("/v1/chat/completions", json=chat("slow")))
+
+            nursery.start_soon(request)
+            pid = int((await proxy.output.wait_for(r"model 'slow': started pid (\d+)"))[1])
+            entry = await wait_for_request(client, "slow", "loading")
+            if scheduler == "serial":
+                assert isinstance(entry["score"], float)
+            mark = len(proxy.output.lines)
+            cancel = await client.post(f"/api/inflight/{entry['id']}/cancel")
+            assert cancel.json() == {"cancelled": entry["id"], "state": "loading"}
+            await proxy.output.wait_for(r"cancelling the load of 'slow'", start=mark)
+            await proxy.output.wait_for(r"model 'slow': stopped", start=mark)
+            await wait_until(lambda: bool(answers), within=10)
+            assert not alive(pid)
+            assert await running(client) == {}
+            assert await inflight(client) == []
+            record = await activity_of(client, "slow")
+    cancelled_error(answers[0], entry["id"])
+    assert record["status"] == 499
+    assert record["queue_wait_ms"] is not None  # dispatched: its load had started
+
+
+async def test_a_streaming_request_cancelled_ends_with_an_error_event(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    chunks: list[bytes] = []
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            body = chat("beta", stream=True, max_tokens=400)  # 20 s unless stopped
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                assert stream.status_code == 200
+                async for chunk in stream.aiter_raw():
+                    if not chunks:  # the answer has started: cancel it
+                        entry = await wait_for_request(client, "beta", "serving")
+                        cancel = await client.post(f"/api/inflight/{entry['id']}/cancel")
+                        assert cancel.json() == {"cancelled": entry["id"], "state": "serving"}
+                    chunks.append(chunk)
+            # The upstream connection was closed, so the model server stopped generating.
+            line = r"\[beta\] fake_server: client disconnected after (\d+) tokens"
+            tokens = int((await proxy.output.wait_for(line))[1])
+            assert tokens < 400
+            # The model was already loaded for nobody in particular: it stays.
+            beta = (await running(client))["beta"]
+            assert (beta["state"], beta["in_flight"]) == ("ready", 0)
+            record = await activity_of(client, "beta")
+    events = b"".join(chunks).strip().split(b"\n\n")
+    assert events[0].startswith(b'data: {"id"')
+    assert b"[DONE]" not in events[-1]
+    error = json.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == "request_cancelled"
+    assert f"request #{entry['id']} was cancelled by an operator" in error["message"]
+    assert record["status"] == 200  # the status line had gone out
+    assert "cancelled by an operator" in record["error"]
+
+
+async def test_a_manual_load_is_listed_and_cancelled(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            answers: list[httpx.Response] = []
+
+            async def load() -> None:
+                answers.append(await client.post("/api/models/load/slow"))
+
+            nursery.start_soon(load)
+            pid = int((await proxy.output.wait_for(r"model 'slow': started pid (\d+)"))[1])
+            entry = await wait_for_request(client, "slow", "loading")
+            assert entry["route"] == "POST /api/models/load/slow"
+            assert re.fullmatch(r"127\.0\.0\.1:\d+", entry["client"])
+            cancel = await client.post(f"/api/inflight/{entry['id']}/cancel")
+            assert cancel.json() == {"cancelled": entry["id"], "state": "loading"}
+            await wait_until(lambda: bool(answers), within=10)
+            await proxy.output.wait_for(r"model 'slow': stopped")
+            assert not alive(pid)
+            assert await running(client) == {}
+            record = await activity_of(client, "slow")
+    cancelled_error(answers[0], entry["id"])
+    assert (record["path"], record["status"]) == ("/api/models/load/slow", 499)
+    assert "cancelled by an operator" in record["error"]
+
+
+async def test_cancelling_what_is_not_in_flight_is_a_json_404(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/alpha")).status_code == 200
+            missing = await client.post("/api/inflight/12345/cancel")
+            not_a_number = await client.post("/api/inflight/first/cancel")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == {
+        "message": "no request 12345 in flight; GET /api/inflight lists them",
+        "type": "invalid_request_error",
+        "code": "not_found",
+        "param": None,
+    }
+    assert not_a_number.status_code == 404
+    assert not_a_number.json()["error"]["code"] == "not_found"
+
+
+async def test_models_list_their_state_before_and_after_a_load(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(MODELS)
+
+    async def meta(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+        listed = (await client.get("/v1/models")).json()["data"]
+        return {entry["id"]: entry["meta"] for entry in listed}
+
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            stopped = await meta(client)
+            before = time.time()
+            assert (await client.post("/api/models/load/alpha")).status_code == 200
+            after = time.time()
+            loaded = await meta(client)
+    nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None}
+    assert stopped == {
+        "alpha": {"family": "test", "llamaswap": {**nothing, "ttl": 300}},
+        "beta": {"llamaswap": nothing},
+        "slow": {"llamaswap": nothing},
+    }
+    alpha = loaded["alpha"]["llamaswap"]
+    assert loaded["alpha"]["family"] == "test"
+    assert (alpha["state"], alpha["ttl"]) == ("ready", 300)
+    assert before - 0.01 <= wall(alpha["loaded_since"]) <= after
+    assert 300 - (time.time() - before) <= alpha["ttl_left"] <= 300
+    assert loaded["beta"] == {"llamaswap": nothing}
+
+
+async def test_version_route_and_flag(proxy_factory: StartProxy) -> None:
+    version = importlib.metadata.version("llamaswap")
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            answer = (await client.get("/api/version")).json()
+    assert answer == {
+        "version": version,
+        "python": platform.python_version(),
+        "trio": trio.__version__,
+        "hypercorn": importlib.metadata.version("hypercorn"),
+    }
+    with trio.fail_after(30):
+        flag = await trio.run_process(
+            [sys.executable, "-m", "llamaswap", "--version"],
+            capture_stdout=True,
+            env=child_env(uuid.uuid4().hex),
+        )
+    assert flag.stdout.decode() == f"llamaswap {version}\n"

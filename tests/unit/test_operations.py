@@ -1,0 +1,146 @@
+"""The pure parts of live operations: clock conversion, entries, addresses, the error."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from llamaswap._version import version, versions
+from llamaswap.errors import RequestCancelled
+from llamaswap.process import ModelState, ModelStatistics
+from llamaswap.proxy.errors import error_response
+from llamaswap.proxy.operations import (
+    client_address,
+    inflight_entry,
+    iso_time,
+    model_status,
+    to_wall_clock,
+)
+from llamaswap.router.lease import RequestInfo
+
+# 2026-01-01T00:00:00Z
+WALL = 1767225600.0
+
+
+def test_trio_time_converts_to_the_wall_clock_by_its_distance_from_now() -> None:
+    # Trio's clock starts anywhere (here 1000.0): only "how long ago" carries over.
+    assert to_wall_clock(1000.0, now=1000.0, wall_now=WALL) == WALL
+    assert to_wall_clock(990.0, now=1000.0, wall_now=WALL) == WALL - 10.0
+    assert to_wall_clock(1000.5, now=1000.0, wall_now=WALL) == WALL + 0.5
+
+
+def test_iso_time_is_utc_with_milliseconds() -> None:
+    assert iso_time(WALL) == "2026-01-01T00:00:00.000Z"
+    assert iso_time(WALL - 0.25) == "2025-12-31T23:59:59.750Z"
+
+
+def test_client_address() -> None:
+    assert client_address(("127.0.0.1", 5123)) == "127.0.0.1:5123"
+    assert client_address(("::1", 5123)) == "[::1]:5123"
+    assert client_address(None) is None
+
+
+def info(*, arrival: float, dispatched_at: float | None, state: str) -> RequestInfo:
+    return RequestInfo(
+        id=7,
+        model="chat",
+        priority=100,
+        effective_priority=105,
+        band="interactive",
+        state=state,
+        arrival=arrival,
+        dispatched_at=dispatched_at,
+        score=None,
+        metadata={},
+        client="127.0.0.1:5123",
+        route="POST /v1/chat/completions",
+    )
+
+
+def test_inflight_entry_waits_until_dispatch() -> None:
+    queued = inflight_entry(
+        info(arrival=990.0, dispatched_at=None, state="queued"), now=1000.0, wall_now=WALL
+    )
+    assert queued == {
+        "id": 7,
+        "model": "chat",
+        "state": "queued",
+        "priority": 105,
+        "band": "interactive",
+        "score": None,
+        "waited_ms": 10000.0,
+        "started": "2025-12-31T23:59:50.000Z",
+        "client": "127.0.0.1:5123",
+        "route": "POST /v1/chat/completions",
+    }
+    serving = inflight_entry(
+        info(arrival=990.0, dispatched_at=990.25, state="serving"), now=1000.0, wall_now=WALL
+    )
+    assert serving["waited_ms"] == 250.0
+
+
+def stats(
+    state: ModelState, *, ready_since: float | None = None, idle_deadline: float = math.inf
+) -> ModelStatistics:
+    return ModelStatistics(
+        model="chat",
+        state=state,
+        pid=None,
+        in_flight=0,
+        starts=0,
+        start_failures=0,
+        crashes=0,
+        last_exit_code=None,
+        ready_since=ready_since,
+        idle_deadline=idle_deadline,
+    )
+
+
+def test_model_status_stopped_and_without_ttl() -> None:
+    nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None}
+    assert model_status(stats(ModelState.STOPPED), 0.0, now=1000.0, wall_now=WALL) == nothing
+    assert model_status(stats(ModelState.STOPPED), 60.0, now=1000.0, wall_now=WALL) == {
+        **nothing,
+        "ttl": 60.0,
+    }
+    ready = stats(ModelState.READY, ready_since=900.0)
+    assert model_status(ready, 0.0, now=1000.0, wall_now=WALL) == {
+        "state": "ready",
+        "loaded_since": "2025-12-31T23:58:20.000Z",
+        "ttl": None,
+        "ttl_left": None,
+    }
+
+
+def test_model_status_counts_down_only_while_idle_and_ready() -> None:
+    idle = stats(ModelState.READY, ready_since=900.0, idle_deadline=1030.5)
+    assert model_status(idle, 60.0, now=1000.0, wall_now=WALL)["ttl_left"] == 30.5
+    overdue = stats(ModelState.READY, ready_since=900.0, idle_deadline=999.0)
+    assert model_status(overdue, 60.0, now=1000.0, wall_now=WALL)["ttl_left"] == 0.0
+    busy = stats(ModelState.READY, ready_since=900.0)  # requests in flight: no deadline
+    assert model_status(busy, 60.0, now=1000.0, wall_now=WALL)["ttl_left"] is None
+    starting = stats(ModelState.STARTING, idle_deadline=1030.5)
+    assert model_status(starting, 60.0, now=1000.0, wall_now=WALL)["ttl_left"] is None
+
+
+def test_request_cancelled_is_a_499_that_names_the_api() -> None:
+    status, headers, body = error_response(RequestCancelled(12))
+    assert status == 499
+    assert headers == [("content-type", "application/json")]
+    assert json.loads(body) == {
+        "error": {
+            "message": "request #12 was cancelled by an operator, via the API "
+            "(POST /api/inflight/12/cancel)",
+            "type": "server_error",
+            "code": "request_cancelled",
+            "param": None,
+        }
+    }
+
+
+@pytest.mark.parametrize("key", ["version", "python", "trio", "hypercorn"])
+def test_versions_are_dotted_numbers(key: str) -> None:
+    assert versions()[key].split(".")[0].isdigit()
+    assert versions()["version"] == version()
