@@ -1,10 +1,11 @@
 """How long a client may take to send its request, end to end (docs/api.md, "Slow clients").
 
 The real bounds (75 s for a request head, 60 s between pieces of a body) are too long for a
-test, so these proxies start with both set to one second, as ``llamaswap.config.model``
-constants patched before the server is imported. The same one-second bounds then show that
-nothing else is cut: a request that waits in silence for a load, and an answer that streams
-for longer than the bound.
+test, so these proxies start with both set to two seconds, as ``llamaswap.config.model``
+constants patched before the server is imported. The same short bounds then show that
+nothing else is cut: a body that trickles in for longer than the bound, a request that waits
+in silence for a load, and an answer that streams for longer than the bound. Timing
+assertions are lower bounds only, which a loaded machine can only make larger.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.e2e.harness import (
 )
 from tests.e2e.test_proxy import chat, config
 
-BOUND = 1.0
+BOUND = 2.0
 LAUNCH = (
     "import sys\n"
     "import llamaswap.config.model as model\n"
@@ -117,7 +118,7 @@ async def test_a_request_body_that_stops_arriving_is_answered_408(
     error = json.loads(body)["error"]
     assert error["code"] == "request_timeout"
     assert error["message"] == (
-        "the request body stopped arriving: nothing for 1 s; send the whole body promptly"
+        "the request body stopped arriving: nothing for 2 s; send the whole body promptly"
     )
     assert "Traceback" not in proxy.output.text()
     assert "loading model" not in proxy.output.text()
@@ -128,15 +129,18 @@ async def test_a_body_that_keeps_arriving_slowly_is_not_cut(
 ) -> None:
     proxy = await short_bounds_proxy(config('[models.m]\ncmd = "${fake}"'))
     body = json.dumps(chat("m", max_tokens=3)).encode()
-    pieces = [body[i : i + len(body) // 4 + 1] for i in range(0, len(body), len(body) // 4 + 1)]
+    size = len(body) // 5 + 1
+    pieces = [body[start : start + size] for start in range(0, len(body), size)]
     async with await connect(proxy) as stream:
-        with trio.fail_after(30):
+        with trio.fail_after(60):
             await stream.send_all(head("/v1/chat/completions", len(body)))
-            for piece in pieces:  # the whole body takes longer than BOUND, each gap less
-                await trio.sleep(0.4 * BOUND)
+            start = trio.current_time()
+            for piece in pieces:  # each gap well under BOUND, the whole body longer
+                await trio.sleep(BOUND / 4)
                 await stream.send_all(piece)
+            sending = trio.current_time() - start
             answer = await read_to_end(stream)
-    assert len(pieces) * 0.4 * BOUND > BOUND
+    assert sending > BOUND
     assert answer.startswith(b"HTTP/1.1 200 "), answer
 
 
@@ -144,12 +148,12 @@ async def test_waiting_and_streaming_for_longer_than_the_bounds_is_not_cut(
     short_bounds_proxy: StartProxy,
 ) -> None:
     proxy = await short_bounds_proxy(
-        config('[models.slow]\ncmd = "${fake} --load-seconds 2.5 --tokens-per-second 10"')
+        config('[models.slow]\ncmd = "${fake} --load-seconds 3 --tokens-per-second 10"')
     )
-    body = json.dumps(chat("slow", stream=True, max_tokens=25)).encode()
+    body = json.dumps(chat("slow", stream=True, max_tokens=30)).encode()
     arrivals: list[float] = []
     async with await connect(proxy) as stream:
-        with trio.fail_after(30):
+        with trio.fail_after(60):
             start = trio.current_time()
             await stream.send_all(head("/v1/chat/completions", len(body)) + body)
             answer = b""
@@ -157,7 +161,7 @@ async def test_waiting_and_streaming_for_longer_than_the_bounds_is_not_cut(
                 answer += chunk
                 arrivals.append(trio.current_time() - start)
     assert answer.startswith(b"HTTP/1.1 200 "), answer
-    assert answer.count(b"data: {") >= 25
+    assert answer.count(b"data: {") >= 30
     assert b"data: [DONE]" in answer
-    assert arrivals[0] > 2 * BOUND  # silent through the load
-    assert arrivals[-1] - arrivals[0] > 2 * BOUND  # then streaming for longer than the bound
+    assert arrivals[0] > BOUND  # the client was silent through the 3 s load...
+    assert arrivals[-1] > 2 * BOUND  # ...and the 3 s stream: all of it arrived
