@@ -4,6 +4,7 @@ Task tree::
 
     serve                               the root nursery
     ├── open_lifeline                   guard process: models die with llamaswap
+    ├── EventHub.run                    the coalesced events of /api/events (the queue)
     ├── Router.run                      supervisors (one task per model) + swap nursery
     ├── hypercorn.trio.serve            one task per connection, the Application per request
     └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3);
@@ -25,7 +26,8 @@ import trio
 
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import RequestError
-from llamaswap.process import HttpProbe, SubprocessSpawner, open_lifeline
+from llamaswap.observability import EventHub, Logs, capture_logs
+from llamaswap.process import HttpProbe, LogRing, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
 from llamaswap.router.router import CANCEL_GRACE
@@ -33,6 +35,9 @@ from llamaswap.router.router import CANCEL_GRACE
 __all__ = ["serve"]
 
 logger = logging.getLogger("llamaswap")
+
+#: Seconds the live streams (/logs/stream, /api/events) get to end at shutdown.
+LIVE_STREAMS_GRACE = 1.0
 
 
 def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
@@ -67,6 +72,15 @@ async def _preload(router: Router, model: str) -> None:
         logger.warning("preloading %r failed: %s", model, exc)
 
 
+async def _end_live_streams(hub: EventHub, logs: Logs) -> None:
+    """After the models have stopped (so their clients saw that too), end every stream."""
+    hub.close()
+    logs.close()
+    with trio.move_on_after(LIVE_STREAMS_GRACE):
+        await hub.drained()
+        await logs.drained()
+
+
 async def serve(
     config: Config,
     *,
@@ -77,14 +91,19 @@ async def serve(
 
     ``task_status.started`` receives the URL served, once requests are accepted.
     """
+    own_log = LogRing()
     async with (
+        capture_logs(own_log),  # llamaswap's own log, for /logs (removed when serve ends)
         open_lifeline() as lifeline,
         # No read or write timeout: a slow first token or a long pause is normal.
         UpstreamPool(connect_timeout=10.0) as pool,
         trio.open_nursery() as nursery,
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
-        app = create_app(config, router, pool)
+        hub = EventHub()
+        logs = Logs(own_log, lambda: {m: s.log for m, s in router.supervisors.items()})
+        app = create_app(config, router, pool, hub=hub, logs=logs)
+        await nursery.start(hub.run)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -113,4 +132,5 @@ async def serve(
                 break
         stop_accepting.set()
         await router.shutdown(grace=config.unload_timeout)
+        await _end_live_streams(hub, logs)
         nursery.cancel_scope.cancel(reason="shut down")

@@ -1,12 +1,32 @@
-"""What llamaswap tells about itself: metrics, the activity log, token usage."""
+"""What llamaswap tells about itself: metrics, the activity log, token usage, logs and
+the event stream."""
 
 from __future__ import annotations
 
 from .activity import ActivityLog as ActivityLog
 from .activity import ActivityRecord as ActivityRecord
+from .events import EventHub as EventHub
+from .feed import Dropped as Dropped
+from .feed import Feed as Feed
+from .logs import Logs as Logs
+from .logs import capture_logs as capture_logs
 from .metrics import CONTENT_TYPE as CONTENT_TYPE
 from .metrics import Metrics as Metrics
+from .router_events import RouterEvents as RouterEvents
 from .usage import Usage as Usage
 from .usage import UsageTap as UsageTap
 
-__all__ = ["CONTENT_TYPE", "ActivityLog", "ActivityRecord", "Metrics", "Usage", "UsageTap"]
+__all__ = [
+    "CONTENT_TYPE",
+    "ActivityLog",
+    "ActivityRecord",
+    "Dropped",
+    "EventHub",
+    "Feed",
+    "Logs",
+    "Metrics",
+    "RouterEvents",
+    "Usage",
+    "UsageTap",
+    "capture_logs",
+]

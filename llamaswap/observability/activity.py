@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, final
 
 import attrs
@@ -52,12 +52,19 @@ class ActivityLog:
     def __init__(self, capacity: int = 1000) -> None:
         self._records: collections.deque[ActivityRecord] = collections.deque(maxlen=capacity)
         self._ids = itertools.count(1)
+        self._listeners: list[Callable[[ActivityRecord], None]] = []
 
     def next_id(self) -> int:
         return next(self._ids)
 
+    def add_listener(self, listener: Callable[[ActivityRecord], None]) -> None:
+        """``listener`` is told of each record as it is added (events); must not raise."""
+        self._listeners.append(listener)
+
     def add(self, record: ActivityRecord) -> None:
         self._records.append(record)
+        for listener in self._listeners:
+            listener(record)
 
     def recent(self, limit: int = 100, model: str | None = None) -> list[ActivityRecord]:
         """Up to ``limit`` records, newest first, optionally only those of ``model``."""

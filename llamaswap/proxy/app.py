@@ -26,12 +26,13 @@ from werkzeug.exceptions import HTTPException
 from llamaswap.config.model import REQUEST_BODY_TIMEOUT, Config
 from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from llamaswap.observability import ActivityLog, Metrics
+from llamaswap.observability import ActivityLog, EventHub, Logs, Metrics
 from llamaswap.router import Router
 from llamaswap.router.names import Local, Names
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
+from . import live
 from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
@@ -136,8 +137,19 @@ def _json(document: Any) -> Response:
     return Response(json.dumps(document), content_type="application/json")
 
 
-def create_app(config: Config, router: Router, pool: UpstreamPool) -> Application:
-    """The whole HTTP side of ``router``: routes, forwarding, metrics and activity."""
+def create_app(
+    config: Config,
+    router: Router,
+    pool: UpstreamPool,
+    *,
+    hub: EventHub | None = None,
+    logs: Logs | None = None,
+) -> Application:
+    """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
+
+    ``hub`` and ``logs``: the running event hub and logs for the live routes
+    (``proxy/live.py``); without them, idle ones are made (no coalesced events).
+    """
     names = Names(config)
     metrics = Metrics(router.scheduler, router.supervisors)
     router.add_listener(metrics.on_model_state)
@@ -288,4 +300,5 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> Applicatio
         return _json({"activity": [record.to_json() for record in records]})
 
     register(quart, router)
+    live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     return Application(quart, Forwarder(config, router, names, pool, recorder))

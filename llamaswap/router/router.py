@@ -53,6 +53,9 @@ logger = logging.getLogger("llamaswap.router")
 CANCEL_GRACE = 2.0
 
 DecisionListener = Callable[[Decision], None]
+#: Told when a request is admitted ("queued") and released ("done" after a grant,
+#: "failed", "cancelled" while waiting), with its snapshot.
+RequestListener = Callable[[str, RequestInfo], None]
 
 
 @final
@@ -78,6 +81,7 @@ class Router:
         self.config = config
         self._listeners = list(listeners)
         self._decision_listeners: list[DecisionListener] = []
+        self._request_listeners: list[RequestListener] = []
         self._leases = Leases()
         self.supervisors = {
             model_id: ModelSupervisor(
@@ -104,6 +108,10 @@ class Router:
     def add_decision_listener(self, listener: DecisionListener) -> None:
         """``listener`` sees every decision as it is applied (events, tests)."""
         self._decision_listeners.append(listener)
+
+    def add_request_listener(self, listener: RequestListener) -> None:
+        """``listener`` is told of each admission and release (events); it must not raise."""
+        self._request_listeners.append(listener)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
@@ -206,16 +214,19 @@ class Router:
             self._leases.release(lease)
             logger.exception("scheduler %r failed on request #%d", self.scheduler.name, lease.id)
             raise InternalError("the scheduler failed on this request") from exc
+        self._tell("queued", lease)  # before its decisions: a grant comes after admission
         self._apply(decisions)
 
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""
         if lease.state is LeaseState.GRANTED:
             self._leases.release(lease)
+            self._tell("done", lease)
             self.supervisors[lease.ticket.model].requests_changed()
             self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
         elif lease.state is LeaseState.FAILED:
             self._leases.release(lease)
+            self._tell("failed", lease)
         else:  # abandoned while parked: the scheduler is told now, if nobody did yet
             self._catch_up()
 
@@ -307,6 +318,7 @@ class Router:
             if abandoned:
                 lease = abandoned.popleft()
                 if lease.state is LeaseState.ABANDONED:
+                    self._tell("cancelled", lease)
                     on_cancel = partial(self.scheduler.on_cancel, lease.ticket)
                     self._run_event(f"cancelled request #{lease.id}", on_cancel, ())
                     self._leases.release(lease)
@@ -345,6 +357,12 @@ class Router:
                 self._swap_scopes[decision.swap].cancel(reason=decision.reason)
             for listener in self._decision_listeners:
                 listener(decision)
+
+    def _tell(self, event: str, lease: Lease) -> None:
+        if self._request_listeners:
+            info = lease.info()
+            for listener in self._request_listeners:
+                listener(event, info)
 
     def _start_swap(self, swap: Swap) -> None:
         if self._swap_nursery is None:

@@ -1,0 +1,184 @@
+"""What the router does, as events on the hub: models, requests, the queue, activity.
+
+Everything here is derived from what the router already tells its listeners, in the
+order it happens:
+
+- ``model``: a supervisor's state change (``Router.add_listener``), with its PID.
+- ``request``: a request's lifecycle. ``queued`` at admission and ``done`` /
+  ``cancelled`` at release come from ``Router.add_request_listener``; ``loading``
+  (``JoinSwap``), ``serving`` (``Grant``) and ``failed`` (``Fail``, with the error) from
+  the scheduler's decisions as the router applies them (``add_decision_listener``). A
+  scheduler decides in one synchronous step and the router applies its decisions in
+  order, so **every request's events arrive in lifecycle order**: ``queued``, then
+  ``loading`` if it waited for a load, then ``serving`` and ``done``, or ``failed`` or
+  ``cancelled``.
+- ``queue``: per-band depth and oldest wait; every request event or decision marks it
+  changed, and the hub coalesces the changes (at most one per 100 ms).
+- ``activity``: each finished request's activity record (``ActivityLog.add_listener``).
+
+``snapshot()`` is the first event a subscriber gets: all of the above as it stands, so
+that a client that connects late needs no other call. Durations are in milliseconds;
+a request's ``waited_ms`` is its time in the queue, as in ``/api/inflight``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+
+from llamaswap.process import ModelState
+from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket, band_of
+
+from .activity import ActivityLog, ActivityRecord
+from .events import Event, EventHub
+
+if TYPE_CHECKING:
+    from llamaswap.router import Router
+    from llamaswap.router.lease import RequestInfo
+
+__all__ = ["RouterEvents"]
+
+#: Activity records in a snapshot, newest first.
+SNAPSHOT_ACTIVITY = 20
+
+_QUEUE = "queue"
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+@final
+class RouterEvents:
+    """Publishes ``router``'s events on ``hub``; ``connect`` subscribes to its sources."""
+
+    def __init__(self, hub: EventHub, router: Router, activity: ActivityLog) -> None:
+        self._hub = hub
+        self._router = router
+        self._activity = activity
+        self._last_queue: Event | None = None
+
+    def connect(self) -> None:
+        """Listen to the router and the activity log (once, before ``Router.run``)."""
+        self._router.add_listener(self.on_model_state)
+        self._router.add_decision_listener(self.on_decision)
+        self._router.add_request_listener(self.on_request)
+        self._activity.add_listener(self.on_activity)
+
+    # ---------------------------------------------------------------- events
+
+    def snapshot(self) -> Event:
+        """Every model, the queue, every request in flight, the latest activity."""
+        router = self._router
+        now = trio.current_time()
+        return {
+            "type": "snapshot",
+            "scheduler": router.scheduler.name,
+            "models": [self._model(model) for model in router.supervisors],
+            "queue": self._queue_state(),
+            "requests": [_from_info(info, info.state, now) for info in router.requests()],
+            "activity": [record.to_json() for record in self._activity.recent(SNAPSHOT_ACTIVITY)],
+        }
+
+    def on_model_state(self, model: str, state: ModelState) -> None:
+        if self._hub.active:
+            self._hub.publish({"type": "model", **self._model(model)})
+
+    def on_request(self, event: str, info: RequestInfo) -> None:
+        if not self._hub.active:
+            return
+        self._hub.publish_soon(_QUEUE, self._queue_event)
+        if event != "failed":  # published with its error when the Fail was applied
+            self._hub.publish(_from_info(info, event, trio.current_time()))
+
+    def on_decision(self, decision: Decision) -> None:
+        if not self._hub.active:
+            return
+        self._hub.publish_soon(_QUEUE, self._queue_event)
+        if isinstance(decision, JoinSwap):
+            self._hub.publish(_from_ticket(decision.ticket, "loading"))
+        elif isinstance(decision, Grant):
+            self._hub.publish(_from_ticket(decision.ticket, "serving"))
+        elif isinstance(decision, Fail):
+            self._hub.publish(_from_ticket(decision.ticket, "failed", str(decision.error)))
+
+    def on_activity(self, record: ActivityRecord) -> None:
+        if self._hub.active:
+            self._hub.publish({"type": "activity", "record": record.to_json()})
+
+    # --------------------------------------------------------------- private
+
+    def _model(self, model: str) -> dict[str, Any]:
+        stats = self._router.supervisors[model].statistics()
+        return {"model": model, "state": stats.state.value, "pid": stats.pid}
+
+    def _queue_state(self) -> dict[str, Any]:
+        stats = self._router.scheduler.statistics()
+        bands = {
+            band: {"depth": band_stats.depth, "oldest_wait_ms": _ms(band_stats.oldest_wait)}
+            for band, band_stats in stats.bands.items()
+        }
+        return {"waiting": stats.waiting, "loading": stats.loading, "bands": bands}
+
+    def _queue_event(self) -> Event | None:
+        """The queue now, unless it is what was sent last (an empty queue stays quiet)."""
+        event = {"type": "queue", **self._queue_state()}
+        if event == self._last_queue:
+            return None
+        self._last_queue = event
+        return event
+
+
+def _request(
+    state: str,
+    *,
+    id: int,
+    model: str,
+    priority: int,
+    score: float | None,
+    arrival: float,
+    dispatched_at: float | None,
+    now: float,
+    error: str | None = None,
+) -> Event:
+    # As in /api/inflight: time in the queue, so far, then fixed once dispatched.
+    waited = (now if dispatched_at is None else dispatched_at) - arrival
+    return {
+        "type": "request",
+        "id": id,
+        "model": model,
+        "state": state,
+        "priority": priority,
+        "band": band_of(priority),
+        "score": score,
+        "waited_ms": _ms(waited),
+        "error": error,
+    }
+
+
+def _from_info(info: RequestInfo, state: str, now: float) -> Event:
+    return _request(
+        state,
+        id=info.id,
+        model=info.model,
+        priority=info.effective_priority,
+        score=info.score,
+        arrival=info.arrival,
+        dispatched_at=info.dispatched_at,
+        now=now,
+    )
+
+
+def _from_ticket(ticket: Ticket, state: str, error: str | None = None) -> Event:
+    return _request(
+        state,
+        id=ticket.seq,
+        model=ticket.model,
+        priority=ticket.effective_priority,
+        score=ticket.score,
+        arrival=ticket.arrival,
+        dispatched_at=ticket.dispatched_at,
+        now=trio.current_time(),
+        error=error,
+    )

@@ -1,0 +1,454 @@
+"""The event hub and the router's events on Trio's mock clock, with fake processes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pytest
+import trio
+import trio.testing
+
+from llamaswap.config.model import Config, ModelConfig, Routing, SchedulerSection
+from llamaswap.errors import ModelStartFailed
+from llamaswap.observability import ActivityLog, ActivityRecord, EventHub, Logs, RouterEvents
+from llamaswap.observability.events import PING, Event, encode_sse, next_sse
+from llamaswap.observability.feed import Dropped, Feed
+from llamaswap.observability.logs import capture_logs
+from llamaswap.process import LogLine, LogRing
+from llamaswap.router import Router
+from tests.fakes import FakeProbe, FakeSpawner, Script
+
+
+def take(feed: Feed[Event], *, skip: tuple[str, ...] = ()) -> list[Event]:
+    """Every event the feed holds now (a ``Dropped`` fails the test), minus ``skip`` types."""
+    events: list[Event] = []
+    while True:
+        try:
+            item = feed.receive_nowait()
+        except trio.WouldBlock:
+            return events
+        assert not isinstance(item, Dropped), item
+        if item["type"] not in skip:
+            events.append(item)
+
+
+def brief(event: Event) -> tuple[Any, ...]:
+    """The fields that tell events apart in an order assertion."""
+    if event["type"] == "model":
+        return ("model", event["model"], event["state"], event["pid"])
+    if event["type"] == "request":
+        return ("request", event["id"], event["state"])
+    return (event["type"],)
+
+
+# ------------------------------------------------------------ coalescing, heartbeat
+
+
+async def test_changes_are_coalesced_to_one_event_per_interval(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    hub = EventHub(interval=0.25)
+    await nursery.start(hub.run)
+    depth = 0
+    builds: list[float] = []
+
+    def build() -> Event:
+        builds.append(trio.current_time())
+        return {"type": "queue", "depth": depth}
+
+    with hub.subscribe() as feed:
+        start = trio.current_time()
+        depth = 1
+        hub.publish_soon("queue", build)  # the first change goes out at once
+        assert await feed.receive() == {"type": "queue", "depth": 1}
+        assert trio.current_time() == start
+        depth = 2
+        hub.publish_soon("queue", build)
+        await trio.sleep(0.125)
+        depth = 3
+        hub.publish_soon("queue", build)
+        # Both changes make one event, built (with the latest state) at the interval's end.
+        assert await feed.receive() == {"type": "queue", "depth": 3}
+        assert trio.current_time() == start + 0.25
+        assert builds == [start, start + 0.25]
+        await trio.sleep(1.0)
+        depth = 4
+        hub.publish_soon("queue", build)  # quiet for longer than the interval: at once
+        assert await feed.receive() == {"type": "queue", "depth": 4}
+        assert trio.current_time() == start + 1.25
+
+
+async def test_a_build_that_returns_none_sends_nothing(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    hub = EventHub(interval=0.25)
+    await nursery.start(hub.run)
+    with hub.subscribe() as feed:
+        hub.publish_soon("queue", lambda: None)
+        await trio.sleep(1.0)
+        assert take(feed) == []
+
+
+async def test_nothing_is_built_while_nobody_listens(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    hub = EventHub(interval=0.25)
+    await nursery.start(hub.run)
+    builds: list[float] = []
+
+    def build() -> Event:
+        builds.append(trio.current_time())
+        return {"type": "queue"}
+
+    hub.publish_soon("queue", build)
+    await trio.sleep(1.0)
+    assert builds == []
+
+
+async def test_a_ping_after_fifteen_quiet_seconds(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    hub = EventHub()
+    with hub.subscribe() as feed:
+        start = trio.current_time()
+        assert await next_sse(feed) == PING
+        assert trio.current_time() == start + 15.0
+
+        async def publish_at(delay: float) -> None:
+            await trio.sleep(delay)
+            hub.publish({"type": "model", "model": "a"})
+
+        nursery.start_soon(publish_at, 10.0)
+        assert await next_sse(feed) == encode_sse({"type": "model", "model": "a"})
+        assert trio.current_time() == start + 25.0
+        # The silence is counted from the last thing sent.
+        assert await next_sse(feed) == PING
+        assert trio.current_time() == start + 40.0
+        hub.close()
+        assert await next_sse(feed) is None
+        assert trio.current_time() == start + 40.0
+
+
+async def test_a_slow_reader_is_told_what_it_lost_as_an_event() -> None:
+    hub = EventHub(buffer=2)
+    with hub.subscribe() as feed:
+        for i in range(5):
+            hub.publish({"type": "tick", "i": i})
+        assert await next_sse(feed) == encode_sse({"type": "tick", "i": 0})
+        assert await next_sse(feed) == encode_sse({"type": "tick", "i": 1})
+        assert await next_sse(feed) == encode_sse({"type": "dropped", "count": 3})
+        hub.publish({"type": "tick", "i": 5})
+        assert await next_sse(feed) == encode_sse({"type": "tick", "i": 5})
+
+
+# ------------------------------------------------------------ the router's events
+
+
+def model(port: int, **settings: object) -> ModelConfig:
+    return ModelConfig(cmd=("server", str(port)), proxy=f"http://m:{port}", **settings)  # type: ignore[arg-type]
+
+
+Started = tuple[Router, EventHub, RouterEvents, ActivityLog]
+
+
+async def start(
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    scheduler: Literal["fifo", "serial"] = "fifo",
+    **models: ModelConfig,
+) -> Started:
+    config = Config(models=models, routing=Routing(scheduler=SchedulerSection(use=scheduler)))
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
+    hub = EventHub(interval=0.25)
+    activity = ActivityLog()
+    events = RouterEvents(hub, router, activity)
+    events.connect()
+    await nursery.start(hub.run)
+    await nursery.start(router.run)
+    return router, hub, events, activity
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "serial"])
+async def test_load_serve_unload_arrive_in_order(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    scheduler: Literal["fifo", "serial"],
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, events, _ = await start(nursery, spawner, scheduler, a=model(1))
+    with hub.subscribe(first=events.snapshot) as feed:
+        start_time = trio.current_time()
+        async with router.acquire(router.lease("a", priority=100)):
+            await trio.testing.wait_all_tasks_blocked()
+            got = take(feed, skip=("queue",))
+            assert trio.current_time() == pytest.approx(start_time + 1.0)  # polled every 20 ms
+        await router.unload(["a"])
+        got += take(feed, skip=("queue",))
+    pid = spawner.last.pid
+    assert [brief(event) for event in got] == [
+        ("snapshot",),
+        ("request", 0, "queued"),
+        ("request", 0, "loading"),
+        ("model", "a", "starting", None),
+        ("model", "a", "ready", pid),
+        ("request", 0, "serving"),
+        ("request", 0, "done"),
+        ("model", "a", "stopping", pid),
+        ("model", "a", "stopped", None),
+    ]
+    serving = got[5]
+    assert serving == {
+        "type": "request",
+        "id": 0,
+        "model": "a",
+        "state": "serving",
+        "priority": 100,
+        "band": "interactive",
+        "score": serving["score"],  # serial's pick score; None under fifo
+        "waited_ms": 0.0,  # dispatched at once: its load started
+        "error": None,
+    }
+    assert (serving["score"] is None) == (scheduler == "fifo")
+
+
+async def test_a_failed_load_is_one_failed_event_with_the_reason(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=None, exit_after=0.5, exit_code=3))
+    router, hub, _, _ = await start(nursery, spawner, a=model(1))
+    with hub.subscribe() as feed:
+        with pytest.raises(ModelStartFailed):
+            async with router.acquire(router.lease("a")):
+                pytest.fail("a load that failed must not serve")
+        got = take(feed, skip=("queue", "model"))
+    assert [brief(event) for event in got] == [
+        ("request", 0, "queued"),
+        ("request", 0, "loading"),
+        ("request", 0, "failed"),
+    ]
+    assert "exited with status 3" in got[2]["error"]
+    assert got[2]["waited_ms"] == 0.0
+
+
+async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=10.0))
+    router, hub, _, _ = await start(nursery, spawner, a=model(1))
+    with hub.subscribe() as feed:
+        with trio.move_on_after(2.0):
+            async with router.acquire(router.lease("a")):
+                pytest.fail("the load takes 10 s")
+        await trio.testing.wait_all_tasks_blocked()
+        got = take(feed, skip=("queue",))
+    assert [brief(event) for event in got] == [
+        ("request", 0, "queued"),
+        ("request", 0, "loading"),
+        ("model", "a", "starting", None),
+        ("request", 0, "cancelled"),
+        ("model", "a", "stopping", spawner.last.pid),
+        ("model", "a", "stopped", None),
+    ]
+
+
+async def test_queue_events_follow_the_depth(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, _, _ = await start(nursery, spawner, a=model(1), b=model(2))
+    await router.load("a")
+    with hub.subscribe() as feed:
+
+        async def request_b() -> None:
+            async with router.acquire(router.lease("b", priority=-100)):
+                pass
+
+        async with router.acquire(router.lease("a")):
+            await trio.sleep(0.5)
+            nursery.start_soon(request_b)  # must evict 'a', which is busy: queued
+            await trio.sleep(1.0)
+            queued = take(feed, skip=("request",))
+        await trio.sleep(2.0)
+        later = take(feed)
+    after = [event for event in later if event["type"] == "queue"]
+    b_loading = next(e for e in later if e["type"] == "request" and e["state"] == "loading")
+    # Queued at +0.5 s, dispatched when 'a' finished at +1.5 s.
+    assert b_loading["model"] == "b"
+    assert b_loading["waited_ms"] == 1000.0
+    # 'a' granted (an empty queue: the first queue event), then 'b' queued.
+    assert [event["bands"]["batch"] for event in queued] == [
+        {"depth": 0, "oldest_wait_ms": 0.0},
+        {"depth": 1, "oldest_wait_ms": 0.0},
+    ]
+    assert [event["waiting"] for event in queued] == [0, 1]
+    # 'a' released and 'b' dispatched (its load, evicting 'a'), then 'b' granted.
+    assert [(event["waiting"], event["loading"]) for event in after] == [(0, 1), (0, 0)]
+    assert [event["bands"]["batch"]["depth"] for event in after] == [0, 0]
+
+
+async def test_a_late_subscriber_gets_the_state_first(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, events, activity = await start(nursery, spawner, a=model(1), b=model(2))
+    record = ActivityRecord(
+        id=activity.next_id(),
+        time="2025-01-01T00:00:00.000Z",
+        model="a",
+        method="POST",
+        path="/v1/chat/completions",
+        status=200,
+        duration_ms=1.5,
+        queue_wait_ms=0.0,
+        scheduler="fifo",
+        priority=0,
+        band="normal",
+        score=None,
+        prompt_tokens=3,
+        completion_tokens=4,
+        error=None,
+        metadata={},
+    )
+    activity.add(record)
+    async with router.acquire(router.lease("a", priority=5)):
+        await trio.sleep(0.5)
+        with hub.subscribe(first=events.snapshot) as feed:
+            snapshot, *rest = take(feed)
+            activity.add(record)
+            assert take(feed) == [{"type": "activity", "record": record.to_json()}]
+    assert rest == []
+    assert snapshot["type"] == "snapshot"
+    assert snapshot["scheduler"] == "fifo"
+    assert snapshot["models"] == [
+        {"model": "a", "state": "ready", "pid": spawner.last.pid},
+        {"model": "b", "state": "stopped", "pid": None},
+    ]
+    assert snapshot["requests"] == [
+        {
+            "type": "request",
+            "id": 0,
+            "model": "a",
+            "state": "serving",
+            "priority": 5,
+            "band": "normal",
+            "score": None,
+            "waited_ms": 0.0,
+            "error": None,
+        }
+    ]
+    assert snapshot["queue"]["waiting"] == 0
+    assert set(snapshot["queue"]["bands"]) == {
+        "above_interactive",
+        "interactive",
+        "normal",
+        "batch",
+        "below_batch",
+    }
+    assert snapshot["activity"] == [record.to_json()]
+
+
+async def test_nothing_is_published_while_nobody_listens(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, _, _ = await start(nursery, spawner, a=model(1))
+    await router.load("a")
+    assert hub.statistics().published == 0
+
+
+# ------------------------------------------------------------------------ logs
+
+
+@pytest.fixture
+def debug_logs() -> Iterator[None]:
+    llamaswap = logging.getLogger("llamaswap")
+    level = llamaswap.level
+    llamaswap.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        llamaswap.setLevel(level)
+
+
+@pytest.mark.usefixtures("debug_logs")
+async def test_own_log_lines_are_captured_but_not_model_output_copies(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0, output=("hello from a",)))
+    own = LogRing()
+    async with capture_logs(own):
+        router, _, _, _ = await start(nursery, spawner, a=model(1))
+        await router.load("a")
+    logging.getLogger("llamaswap.test").warning("after the block")
+    texts = [line.text for line in own.lines()]
+    assert any("llamaswap.process: model 'a': ready" in text for text in texts)
+    assert all(" DEBUG " in t or " INFO " in t or " WARNING " in t for t in texts)
+    # The model's output is in its own ring, not copied into ours.
+    assert router.supervisors["a"].log.tail(1) == ["hello from a"]
+    assert not any("hello from a" in text for text in texts)
+    assert not any("after the block" in text for text in texts)
+    assert logging.getLogger().handlers == [
+        h for h in logging.getLogger().handlers if type(h).__name__ != "RingHandler"
+    ]
+
+
+async def test_lines_logged_in_a_thread_are_appended_by_the_trio_thread() -> None:
+    own = LogRing()
+    appended_in: list[int] = []
+    own.subscribe(lambda line: appended_in.append(threading.get_ident()))
+    async with capture_logs(own):
+        await trio.to_thread.run_sync(logging.getLogger("llamaswap.test").warning, "threaded")
+        await trio.testing.wait_all_tasks_blocked()
+    assert [line.text.endswith("WARNING llamaswap.test: threaded") for line in own.lines()] == [
+        True
+    ]
+    assert appended_in == [threading.get_ident()]
+
+
+def ring(*lines: tuple[float, str]) -> LogRing:
+    result = LogRing()
+    for time, text in lines:
+        result.append(time, text)
+    return result
+
+
+async def test_history_merges_every_log_by_time_and_prefixes_model_lines() -> None:
+    own = ring((1.0, "own one"), (4.0, "own two"))
+    models = {"chat": ring((2.0, "chat one"), (5.0, "chat two")), "code": ring((3.0, "code"))}
+    logs = Logs(own, lambda: models)
+    assert [line.text for line in logs.history()] == [
+        "own one",
+        "[chat] chat one",
+        "[code] code",
+        "own two",
+        "[chat] chat two",
+    ]
+    assert [line.text for line in logs.history("chat")] == ["[chat] chat one", "[chat] chat two"]
+    assert [line.line for line in logs.history("code")] == [LogLine(3.0, "code")]
+
+
+async def test_a_follower_gets_history_then_every_later_line_until_closed() -> None:
+    own = ring((1.0, "before"))
+    chat = ring()
+    logs = Logs(own, lambda: {"chat": chat}, buffer=2)
+    with logs.follow() as (history, feed):
+        assert [line.text for line in history] == ["before"]
+        assert logs.followers() == 1
+        chat.append(2.0, "one")
+        own.append(3.0, "two")
+        chat.append(4.0, "lost")
+        assert [await feed.receive() for _ in range(3)] == [
+            logs.history()[1],
+            logs.history()[2],
+            Dropped(1),
+        ]
+        logs.close()
+        with pytest.raises(trio.EndOfChannel):
+            await feed.receive()
+    assert logs.followers() == 0
+    own.append(5.0, "nobody listens")  # unsubscribed: no error, no buffer
+    with trio.fail_after(1):
+        await logs.drained()
