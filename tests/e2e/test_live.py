@@ -129,7 +129,8 @@ async def serve_in_process(nursery: trio.Nursery, config: Config) -> Served:
 
 
 def one_model(**top: Any) -> Config:
-    return Config(models={"chat": ModelConfig(cmd=("server",), proxy="http://m:1")}, **top)
+    model = ModelConfig(cmd=("server", "1"), proxy="http://m:1")  # argv names its port
+    return Config(models={"chat": model}, **top)
 
 
 @final
@@ -196,9 +197,9 @@ async def test_a_log_stream_sends_lines_as_they_happen_and_leaves_no_follower(
     nursery: trio.Nursery,
 ) -> None:
     served = await serve_in_process(nursery, one_model())
-    await served.router.load("chat")
     ring = served.router.supervisors["chat"].log
     with trio.fail_after(10):
+        await served.router.load("chat")
         stream = await LiveStream.open(served.url, "/logs/stream/chat")
         try:
             assert stream.status == 200
@@ -219,9 +220,9 @@ async def test_no_history_sends_only_later_lines_and_the_mixed_stream_prefixes_t
     nursery: trio.Nursery,
 ) -> None:
     served = await serve_in_process(nursery, one_model())
-    await served.router.load("chat")
     ring = served.router.supervisors["chat"].log
     with trio.fail_after(10):
+        await served.router.load("chat")
         stream = await LiveStream.open(served.url, "/logs/stream?no-history")
         try:
             # The body (and its subscription) starts just after the head: let it.
