@@ -7,11 +7,13 @@ Task tree::
     ├── EventHub.run                    the coalesced events of /api/events (the queue)
     ├── Router.run                      supervisors (one task per model) + swap nursery
     ├── hypercorn.trio.serve            one task per connection, the Application per request
-    └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3);
-                                        SIGHUP → logged, the running config stays
+    ├── Reloader.watch                  with --watch-config: reload when the file changes
+    ├── Reloader.reload (per SIGHUP)    validate, then Router.reconfigure (SPEC §3.7)
+    └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3)
 
 Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
-to ``unloadTimeout`` to finish, stop every model (polite, then SIGKILL), return.
+to ``unloadTimeout`` to finish, cancel those still running with a clear 503, stop every
+model (polite, then SIGKILL), return.
 """
 
 from __future__ import annotations
@@ -85,11 +87,15 @@ async def serve(
     config: Config,
     *,
     listen: str,
+    config_path: str | None = None,
+    watch_config: bool = False,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``config`` on ``listen`` (``HOST:PORT``) until SIGINT or SIGTERM.
 
-    ``task_status.started`` receives the URL served, once requests are accepted.
+    ``config_path`` is the file SIGHUP and ``POST /api/config/reload`` reload from (and,
+    with ``watch_config``, reload whenever it changes). ``task_status.started`` receives
+    the URL served, once requests are accepted.
     """
     own_log = LogRing()
     async with (
@@ -102,7 +108,7 @@ async def serve(
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
         hub = EventHub()
         logs = Logs(own_log, lambda: {m: s.log for m, s in router.supervisors.items()})
-        app = create_app(config, router, pool, hub=hub, logs=logs)
+        app = create_app(config, router, pool, config_path=config_path, hub=hub, logs=logs)
         await nursery.start(hub.run)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
@@ -116,21 +122,21 @@ async def serve(
                 )
             )
             url = binds[0]
+            if watch_config and app.reloader is not None:
+                await nursery.start(app.reloader.watch)
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
             task_status.started(url)
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    # SPEC §3.7 reloads here; until that exists, the running config stays
-                    # (as for an invalid file), rather than SIGHUP's default: dying.
-                    logger.warning(
-                        "received SIGHUP: reloading the config is not implemented yet; "
-                        "the running config stays (restart llamaswap to apply changes)"
-                    )
+                    if app.reloader is None:
+                        logger.warning("received SIGHUP: no config file to reload from")
+                    else:
+                        nursery.start_soon(app.reloader.reload, "SIGHUP")
                     continue
                 logger.info("received %s: shutting down", signal.Signals(signum).name)
                 break
         stop_accepting.set()
-        await router.shutdown(grace=config.unload_timeout)
+        await router.shutdown(grace=router.config.unload_timeout)
         await _end_live_streams(hub, logs)
         nursery.cancel_scope.cancel(reason="shut down")

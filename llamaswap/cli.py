@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free port)",
     )
     parser.add_argument(
+        "--watch-config",
+        action="store_true",
+        help="reload the config whenever its file changes (as SIGHUP does)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=["debug", "info", "warn", "error"],
         help="overrides logLevel from the config",
@@ -83,10 +88,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     except NotImplementedError as exc:
         print(f"{options.config}: {exc}", file=sys.stderr)
         sys.exit(2)
-    trio.run(_run, config, options.listen)
+    trio.run(_run, config, options)
 
 
-async def _run(config: Config, listen: str) -> None:
+async def _run(config: Config, options: argparse.Namespace) -> None:
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve, config, listen=listen))
+        url = await nursery.start(
+            partial(
+                serve,
+                config,
+                listen=options.listen,
+                config_path=options.config,
+                watch_config=options.watch_config,
+            )
+        )
         print(f"llamaswap: listening on {url}", flush=True)

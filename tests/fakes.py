@@ -6,6 +6,7 @@ import collections
 import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -133,7 +134,8 @@ class FakeSpawner:
 
 @final
 class FakeProbe:
-    """Healthy when the newest process of ``spawner`` says so."""
+    """Healthy when the newest process of ``spawner`` serving the URL's port (its argv
+    names the port) says so."""
 
     def __init__(self, spawner: FakeSpawner) -> None:
         self._spawner = spawner
@@ -142,7 +144,9 @@ class FakeProbe:
     async def __call__(self, url: str) -> bool:
         await trio.lowlevel.checkpoint()
         self.urls.append(url)
-        return bool(self._spawner.processes) and self._spawner.last.healthy()
+        port = urlsplit(url).port
+        ours = [p for p in self._spawner.processes if str(port) in p.argv]
+        return bool(ours) and ours[-1].healthy()
 
 
 @final

@@ -10,11 +10,11 @@ present.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import final
+from collections.abc import Iterator, Mapping
+from typing import Protocol, final
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -29,13 +29,24 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+class Source(Protocol):
+    """Where the state series are read at each scrape (the router: its scheduler and
+    supervisors may change on a reload)."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def supervisors(self) -> Mapping[str, ModelSupervisor]: ...
+
+
 @final
 class Metrics:
     """Every series llamaswap exports."""
 
-    def __init__(self, scheduler: Scheduler, supervisors: dict[str, ModelSupervisor]) -> None:
+    def __init__(self, source: Source) -> None:
         self.registry = CollectorRegistry()
-        self._supervisors = supervisors
+        self._supervisors = source.supervisors
         registry = self.registry
         self.requests = Counter(
             "llamaswap_requests", "Proxied requests by model and HTTP status.",
@@ -62,9 +73,20 @@ class Metrics:
             "llamaswap_model_load_duration_seconds", "Time from start to ready.",
             ["model"], buckets=_SECONDS, registry=registry,
         )  # fmt: skip
+        self.reloads = Counter(
+            "llamaswap_config_reloads", "Configuration reloads by result: ok or failed.",
+            ["result"], registry=registry,
+        )  # fmt: skip
+        self.last_reload = Gauge(
+            "llamaswap_config_last_reload_success_timestamp_seconds",
+            "When the configuration was last reloaded successfully (Unix time; 0: never).",
+            registry=registry,
+        )
+        for result in ("ok", "failed"):
+            self.reloads.labels(result)
         for band in BANDS:
             self.queue_wait.labels(band)
-        registry.register(_Snapshots(scheduler, supervisors))
+        registry.register(_Snapshots(source))
         self._starting: dict[str, tuple[float, int]] = {}
 
     def on_model_state(self, model: str, state: ModelState) -> None:
@@ -84,18 +106,23 @@ class Metrics:
             result = "failed" if failures > started[1] else "cancelled"
             self.loads.labels(model, result).inc()
 
+    def on_reload(self, ok: bool) -> None:
+        """Count a reload; a successful one also sets the last-success time."""
+        self.reloads.labels("ok" if ok else "failed").inc()
+        if ok:
+            self.last_reload.set_to_current_time()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
 @final
 class _Snapshots(Collector):
-    def __init__(self, scheduler: Scheduler, supervisors: dict[str, ModelSupervisor]) -> None:
-        self._scheduler = scheduler
-        self._supervisors = supervisors
+    def __init__(self, source: Source) -> None:
+        self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._scheduler.statistics()
+        stats = self._source.scheduler.statistics()
         depth = GaugeMetricFamily(
             "llamaswap_scheduler_queue_depth", "Requests waiting, not yet dispatched.",
             labels=["band"],
@@ -130,7 +157,7 @@ class _Snapshots(Collector):
         in_flight = GaugeMetricFamily(
             "llamaswap_in_flight_requests", "Requests being served, by model.", labels=["model"]
         )
-        for model, supervisor in self._supervisors.items():
+        for model, supervisor in self._source.supervisors.items():
             snapshot = supervisor.statistics()
             for state in ModelState:
                 states.add_metric([model, state.value], float(snapshot.state is state))

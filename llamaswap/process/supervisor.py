@@ -71,6 +71,9 @@ class _Run:
     waiters: int = 0
     pid: int | None = None
     stop_reason: str | None = None
+    log_start: int = 0  # the model log's position when this run began
+    draining: bool = False  # stopping once the requests in flight are done
+    restart: bool = False  # stopped for a new definition: ensure_ready starts it again
 
 
 @final
@@ -184,6 +187,8 @@ class ModelSupervisor:
                 if run.waiters == 0 and not run.settled.is_set():
                     self._request_stop(run, "start abandoned: nobody waits for it any more")
             if run.error is not None:
+                if run.restart:
+                    continue  # stopped for a new definition: start that one
                 raise run.error
             return
 
@@ -205,18 +210,49 @@ class ModelSupervisor:
 
     def requests_changed(self) -> None:
         """The in-flight count changed: while requests are in flight the model is never
-        unloaded for idleness; when the last one ends, the TTL clock restarts from now."""
+        unloaded for idleness; when the last one ends, the TTL clock restarts from now
+        (or a model retiring once drained stops now)."""
+        run = self._run
         if self._in_flight():
             self._set_idle_deadline(math.inf)
+        elif run is not None and run.draining:
+            run.scope.cancel(reason=f"model {self.model_id!r}: {run.stop_reason}")
         else:
             self._arm_ttl()
+
+    def update(self, config: ModelConfig, *, health_check_timeout: float) -> None:
+        """Take a new definition for the next start; ``ttl``, ``unloadTimeout`` and
+        ``cmdStop`` apply at once (the TTL clock restarts from now)."""
+        self.config = config
+        self._env = {**os.environ, **config.env}
+        self._health_check_timeout = health_check_timeout
+        if self._state is ModelState.READY:
+            self.requests_changed()
+
+    def retire(self, reason: str, *, restart: bool) -> None:
+        """Stop the running server once its requests in flight are done (at once if
+        none are); it is STOPPING from now on, so no new request is sent to it. With
+        ``restart``, a start in progress and its waiters go on with the new definition.
+        """
+        run = self._run
+        if run is None or run.scope.cancel_called:
+            return
+        run.restart = restart
+        if not self._in_flight():
+            self._request_stop(run, reason)
+            return
+        run.draining = True
+        if self._state is not ModelState.STOPPING:
+            run.stop_reason = reason
+            self._set_state(ModelState.STOPPING)
+            logger.info("model %r: stopping once its requests finish (%s)", self.model_id, reason)
 
     # --------------------------------------------------------------- the run
 
     def _launch(self) -> _Run:
         if self._nursery is None:
             raise RuntimeError(f"model {self.model_id!r}: supervisor is not running")
-        run = _Run()
+        run = _Run(log_start=self.log.appended)
         self._run = run
         self._starts += 1
         self._set_state(ModelState.STARTING)
@@ -224,12 +260,13 @@ class ModelSupervisor:
         return run
 
     def _request_stop(self, run: _Run, reason: str) -> None:
-        if run is not self._run or self._state in (ModelState.STOPPING, ModelState.STOPPED):
+        if run is not self._run or run.scope.cancel_called:
             return
-        run.stop_reason = reason
-        self._set_state(ModelState.STOPPING)
-        logger.info("model %r: stopping (%s)", self.model_id, reason)
-        run.scope.cancel(reason=f"model {self.model_id!r}: {reason}")
+        if self._state is not ModelState.STOPPING:
+            run.stop_reason = reason
+            self._set_state(ModelState.STOPPING)
+            logger.info("model %r: stopping (%s)", self.model_id, reason)
+        run.scope.cancel(reason=f"model {self.model_id!r}: {run.stop_reason}")
 
     async def _lifetime(self, run: _Run) -> None:
         process: ProcessHandle | None = None
@@ -291,7 +328,7 @@ class ModelSupervisor:
             "model %r: exited unexpectedly with status %d (last output: %s)",
             self.model_id,
             code,
-            " | ".join(self.log.tail(LOG_TAIL_LINES)),
+            " | ".join(self.log.tail(LOG_TAIL_LINES, since=run.log_start)),
         )
 
     def _fail(self, run: _Run, failure: ModelStartFailed) -> None:
@@ -353,13 +390,13 @@ class ModelSupervisor:
             return ModelStartFailed(
                 self.model_id,
                 f"exited with status {process.returncode} while starting",
-                log_tail=self.log.tail(LOG_TAIL_LINES),
+                log_tail=self.log.tail(LOG_TAIL_LINES, since=run.log_start),
                 exit_code=process.returncode,
             )
         return ModelStartFailed(
             self.model_id,
             f"not ready after healthCheckTimeout ({self._health_check_timeout:g}s)",
-            log_tail=self.log.tail(LOG_TAIL_LINES),
+            log_tail=self.log.tail(LOG_TAIL_LINES, since=run.log_start),
         )
 
     async def _terminate(self, run: _Run, process: ProcessHandle) -> None:

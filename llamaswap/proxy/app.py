@@ -27,8 +27,9 @@ from llamaswap.config.model import REQUEST_BODY_TIMEOUT, Config
 from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import ActivityLog, EventHub, Logs, Metrics
+from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
-from llamaswap.router.names import Local, Names
+from llamaswap.router.names import Local
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
@@ -47,9 +48,10 @@ __all__ = ["Application", "create_app"]
 class Application:
     """The ASGI callable hypercorn serves."""
 
-    def __init__(self, quart: QuartTrio, forwarder: Forwarder) -> None:
+    def __init__(self, quart: QuartTrio, forwarder: Forwarder, reloader: Reloader | None) -> None:
         self.quart = quart
         self.forwarder = forwarder
+        self.reloader = reloader  # None: no config file to reload from
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -142,25 +144,36 @@ def create_app(
     router: Router,
     pool: UpstreamPool,
     *,
+    config_path: str | None = None,
     hub: EventHub | None = None,
     logs: Logs | None = None,
 ) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
 
+    ``config_path``: the file a reload (``POST /api/config/reload``, SIGHUP) reads.
     ``hub`` and ``logs``: the running event hub and logs for the live routes
     (``proxy/live.py``); without them, idle ones are made (no coalesced events).
     """
-    names = Names(config)
-    metrics = Metrics(router.scheduler, router.supervisors)
+    metrics = Metrics(router)
     router.add_listener(metrics.on_model_state)
-    recorder = Recorder(ActivityLog(), metrics, router.scheduler.name)
+    if hub is None:
+        hub = EventHub()  # idle: its coalesced events are never sent
+    reloader = None
+    if config_path is not None:
+
+        def reloaded(result: ReloadResult) -> None:
+            metrics.on_reload(result.ok)
+            hub.publish_reload(result.to_json())
+
+        reloader = Reloader(config_path, router, reloaded)
+    recorder = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
     quart = QuartTrio("llamaswap")
     # Generations may stream for many minutes: Quart's 60 s defaults would cut them.
     quart.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None, MAX_CONTENT_LENGTH=None)
     created = int(time.time())
 
     def local(name: str) -> str:
-        target = names.resolve(name)
+        target = router.names.resolve(name)
         if not isinstance(target, Local):
             raise ModelNotFound(name)
         return target.model_id
@@ -182,7 +195,7 @@ def create_app(
     @quart.before_request
     async def check_key() -> None:
         headers = {name.lower(): value for name, value in request.headers.items()}
-        if request.path != "/health" and not authorized(config.api_keys, headers):
+        if request.path != "/health" and not authorized(router.config.api_keys, headers):
             raise Unauthorized()
 
     @quart.get("/health")
@@ -200,6 +213,7 @@ def create_app(
             for model_id, supervisor in router.supervisors.items()
         }
         data = []
+        config = router.config  # the current one: a reload applies at once
         for model_id, model in config.models.items():
             if model.unlisted:
                 continue
@@ -215,7 +229,7 @@ def create_app(
                     "meta": {**model.metadata, "llamaswap": status.get(model_id)},
                 }
                 data.append(entry)
-        for name in names.peer_models():
+        for name in router.names.peer_models():
             peer_id = name.split("/", 1)[0]
             data.append(
                 {
@@ -286,6 +300,19 @@ def create_app(
         await router.unload([model_id])
         return _json({"unloaded": [model_id]})
 
+    @quart.post("/api/config/reload")
+    async def reload_config() -> Response:
+        if reloader is None:
+            raise BadRequest("llamaswap was started without a config file to reload")
+        result = await reloader.reload("api")
+        if not result.ok:
+            count = len(result.problems)
+            message = f"the config has {count} problem(s); the running config stays"
+            status, _, body = error_response(BadRequest(message))
+            document = {**json.loads(body), **result.to_json()}
+            return Response(json.dumps(document), status=status, content_type="application/json")
+        return _json(result.to_json())
+
     @quart.get("/metrics")
     async def metrics_text() -> Response:
         return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
@@ -301,4 +328,4 @@ def create_app(
 
     register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
-    return Application(quart, Forwarder(config, router, names, pool, recorder))
+    return Application(quart, Forwarder(router, pool, recorder), reloader)

@@ -43,12 +43,15 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
     ModelUnloaded: (503, "server_error", "model_unloaded", ()),
     ShuttingDown: (503, "server_error", "shutting_down", ()),
     InternalError: (500, "server_error", "internal_error", ()),
+    RequestError: (500, "server_error", "internal_error", ()),  # any class not above
 }
 
 
 def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], bytes]:
     """Status, headers and JSON body for ``error``."""
-    status, kind, code, extra = _TABLE[type(error)]
+    # The nearest class in the table: a subclass answers like its parent.
+    row = next(_TABLE[cls] for cls in type(error).__mro__ if cls in _TABLE)
+    status, kind, code, extra = row
     if isinstance(error, MethodNotAllowed):
         extra = (("allow", error.allowed),)
     param = error.param if isinstance(error, BadRequest) else None

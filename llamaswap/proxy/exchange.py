@@ -8,6 +8,7 @@ lands in the activity log with the request.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any, final
 
 import attrs
@@ -45,7 +46,9 @@ CLIENT_CLOSED = 499
 class Recorder:
     """Turns finished exchanges into activity records and metrics."""
 
-    def __init__(self, activity: ActivityLog, metrics: Metrics, scheduler: str) -> None:
+    def __init__(
+        self, activity: ActivityLog, metrics: Metrics, scheduler: Callable[[], str]
+    ) -> None:
         self.activity = activity
         self.metrics = metrics
         self._scheduler = scheduler
@@ -69,7 +72,7 @@ class Recorder:
             status=status,
             duration_ms=round(duration * 1000, 3),
             queue_wait_ms=None if queue_wait is None else round(queue_wait * 1000, 3),
-            scheduler=None if ticket is None else self._scheduler,
+            scheduler=None if ticket is None else self._scheduler(),
             priority=priority,
             band=band_of(priority),
             score=None if ticket is None else ticket.score,

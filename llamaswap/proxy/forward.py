@@ -253,19 +253,18 @@ class _Reply:
 class Forwarder:
     """Handles the inference routes (SPEC §4.1) and ``/upstream/{model}/{path}``."""
 
-    def __init__(
-        self,
-        config: Config,
-        router: Router,
-        names: Names,
-        pool: UpstreamPool,
-        recorder: Recorder,
-    ) -> None:
-        self._config = config
+    def __init__(self, router: Router, pool: UpstreamPool, recorder: Recorder) -> None:
         self._router = router
-        self._names = names
         self._pool = pool
         self._recorder = recorder
+
+    @property
+    def _config(self) -> Config:
+        return self._router.config  # the current one: a reload applies at once
+
+    @property
+    def _names(self) -> Names:
+        return self._router.names
 
     def route(self, scope: HTTPScope) -> Route | None:
         """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""

@@ -47,17 +47,14 @@ def register(
     router: Router,
     activity: ActivityLog,
     *,
-    hub: EventHub | None = None,
+    hub: EventHub,
     logs: Logs | None = None,
 ) -> None:
     """Add the live routes to ``quart``, and publish ``router``'s events on ``hub``.
 
-    ``serve()`` passes its running services; without them (tests of other routes) an
-    idle hub, whose coalesced events are never sent, and logs with llamaswap's own log
-    empty stand in.
+    ``serve()`` passes its running logs; without them (tests of other routes) logs with
+    llamaswap's own log empty stand in.
     """
-    if hub is None:
-        hub = EventHub()
     if logs is None:
         logs = Logs(LogRing(), lambda: {m: s.log for m, s in router.supervisors.items()})
     events = RouterEvents(hub, router, activity)

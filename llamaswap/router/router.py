@@ -23,11 +23,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Set
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import final
+from typing import Any, final
 
 import trio
 
-from llamaswap.config.model import Config
+from llamaswap.config.model import Config, ModelConfig
 from llamaswap.errors import InternalError, ModelUnloaded, RequestError, ShuttingDown
 from llamaswap.process import ModelState, ModelSupervisor, Probe, Spawner, StateListener
 from llamaswap.schedulers import (
@@ -43,6 +43,8 @@ from llamaswap.schedulers import (
 )
 
 from .lease import Lease, Leases, LeaseState, RequestInfo
+from .names import Names
+from .reload import ConfigChanges, diff_config
 from .swappers import make_swapper
 
 __all__ = ["Router"]
@@ -79,28 +81,38 @@ class Router:
         listeners: Collection[StateListener] = (),
     ) -> None:
         self.config = config
+        self.names = Names(config)
+        self._spawner = spawner
+        self._probe = probe
         self._listeners = list(listeners)
         self._decision_listeners: list[DecisionListener] = []
         self._request_listeners: list[RequestListener] = []
         self._leases = Leases()
+        #: Every model ever configured (a removed one stays, stopped, for its stragglers).
         self.supervisors = {
-            model_id: ModelSupervisor(
-                model_id,
-                model,
-                spawner=spawner,
-                probe=probe,
-                health_check_timeout=config.health_check_timeout,
-                listener=self._on_model_state,
-                in_flight=partial(self._leases.in_flight, model_id),
-            )
+            model_id: self._supervisor(model_id, model)
             for model_id, model in config.models.items()
         }
         self.scheduler: Scheduler = make_scheduler(config, self, make_swapper(config))
+        #: After a reload switched schedulers: the old one keeps what it had dispatched.
+        self._retired: dict[Ticket, Scheduler] = {}
         self._seq = itertools.count()
-        self._swap_scopes: dict[Swap, trio.CancelScope] = {}
+        self._swap_scopes: dict[Swap, tuple[trio.CancelScope, Scheduler]] = {}
+        self._supervisor_nursery: trio.Nursery | None = None
         self._swap_nursery: trio.Nursery | None = None
         #: Tickets granted after their request had gone (a scheduler bug): to be finished.
         self._orphans: list[Ticket] = []
+
+    def _supervisor(self, model_id: str, model: ModelConfig) -> ModelSupervisor:
+        return ModelSupervisor(
+            model_id,
+            model,
+            spawner=self._spawner,
+            probe=self._probe,
+            health_check_timeout=self.config.health_check_timeout,
+            listener=self._on_model_state,
+            in_flight=partial(self._leases.in_flight, model_id),
+        )
 
     def add_listener(self, listener: StateListener) -> None:
         self._listeners.append(listener)
@@ -115,18 +127,22 @@ class Router:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
-        async with trio.open_nursery() as nursery:
-            for supervisor in self.supervisors.values():
-                await nursery.start(supervisor.run)
-            # Cleared only once the swaps are over: while they unwind, the scheduler may
-            # still start one (it is cancelled at once, and reports back like any other).
-            try:
-                async with trio.open_nursery() as swaps:
-                    self._swap_nursery = swaps
-                    task_status.started()
-                    await trio.sleep_forever()
-            finally:
-                self._swap_nursery = None
+        try:
+            async with trio.open_nursery() as nursery:
+                for supervisor in self.supervisors.values():
+                    await nursery.start(supervisor.run)
+                self._supervisor_nursery = nursery
+                # Cleared only once the swaps are over: while they unwind, the scheduler
+                # may still start one (it is cancelled at once, and reports back).
+                try:
+                    async with trio.open_nursery() as swaps:
+                        self._swap_nursery = swaps
+                        task_status.started()
+                        await trio.sleep_forever()
+                finally:
+                    self._swap_nursery = None
+        finally:
+            self._supervisor_nursery = None
 
     # --------------------------------------------------------------- requests
 
@@ -215,7 +231,7 @@ class Router:
             logger.exception("scheduler %r failed on request #%d", self.scheduler.name, lease.id)
             raise InternalError("the scheduler failed on this request") from exc
         self._tell("queued", lease)  # before its decisions: a grant comes after admission
-        self._apply(decisions)
+        self._apply(decisions, self.scheduler)
 
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""
@@ -223,10 +239,16 @@ class Router:
             self._leases.release(lease)
             self._tell("done", lease)
             self.supervisors[lease.ticket.model].requests_changed()
-            self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
+            owner = self._scheduler_of(lease.ticket)
+            self._decide("a finished request", owner, owner.on_finish, lease.ticket)
+            if owner is not self.scheduler:  # a model drained: the new one may go on
+                self._decide(
+                    "a finished request", self.scheduler, self.scheduler.on_finish, lease.ticket
+                )
         elif lease.state is LeaseState.FAILED:
             self._leases.release(lease)
             self._tell("failed", lease)
+            self._retired.pop(lease.ticket, None)
         else:  # abandoned while parked: the scheduler is told now, if nobody did yet
             self._catch_up()
 
@@ -258,7 +280,8 @@ class Router:
         *Cancellation*: the stops go on without the cancelled caller.
         """
         targets = list(self.supervisors if models is None else models)
-        self._decide("unload", partial(self.scheduler.on_unload, targets))
+        for scheduler in self._schedulers():
+            self._decide("unload", scheduler, scheduler.on_unload, targets)
         # Now, not when the stop tasks first run: a request arriving in between would be
         # granted a model about to be killed under it.
         for model in targets:
@@ -267,6 +290,61 @@ class Router:
             for model in targets:
                 nursery.start_soon(self.supervisors[model].stop, "unload requested")
 
+    async def reconfigure(self, config: Config) -> ConfigChanges:
+        """Apply a new, validated configuration, model by model (SPEC §3.7).
+
+        Unchanged models keep their process and their queue; a changed one finishes its
+        requests in flight, then stops, and starts with its new definition on the next
+        request (its queued requests stay queued); a removed one fails its queued
+        requests with 503 and stops once its requests in flight are done; a new one is
+        servable at once. Names, keys, filters, TTLs, groups and scheduler settings apply
+        at once; a change of scheduler re-queues the waiting requests in arrival order.
+        """
+        changes = diff_config(self.config, config)
+        self.config = config
+        self.names = Names(config)
+        for model_id in changes.added:
+            if model_id not in self.supervisors:
+                supervisor = self._supervisor(model_id, config.models[model_id])
+                if self._supervisor_nursery is None:
+                    raise RuntimeError("router is not running")
+                await self._supervisor_nursery.start(supervisor.run)
+                self.supervisors[model_id] = supervisor
+        for model_id, model in config.models.items():
+            supervisor = self.supervisors[model_id]
+            supervisor.update(model, health_check_timeout=config.health_check_timeout)
+            if model_id in changes.restarted or model_id in changes.added:
+                supervisor.retire("its configuration changed", restart=True)  # if running
+        removed = "removed from the configuration"
+        for scheduler in self._schedulers() if changes.removed else ():
+            self._decide("reload", scheduler, scheduler.on_unload, changes.removed, removed)
+        for model_id in changes.removed:
+            self.supervisors[model_id].retire(removed, restart=False)
+        swapper = make_swapper(config)
+        if config.routing.scheduler.use == self.scheduler.name:
+            self._decide("reload", self.scheduler, self.scheduler.on_reconfigure, config, swapper)
+        else:
+            self._switch_scheduler(make_scheduler(config, self, swapper))
+        return changes
+
+    def _switch_scheduler(self, new: Scheduler) -> None:
+        """Hand the waiting requests to ``new`` in arrival order; what the old scheduler
+        dispatched (loading or serving) stays with it until it is done."""
+        self._catch_up()
+        old, self.scheduler = self.scheduler, new
+        logger.info("scheduler %r replaces %r", new.name, old.name)
+        waiting = old.surrender()
+        moved = set(waiting)
+        for lease in self._leases:
+            if lease.ticket not in moved and lease.ticket not in self._retired:
+                self._retired[lease.ticket] = old
+        for ticket in waiting:
+            try:
+                decisions = new.on_request(ticket)
+            except RequestError as exc:  # over a lower concurrencyLimit, say
+                decisions = [Fail(ticket, exc)]
+            self._apply(decisions, new)
+
     async def shutdown(self, grace: float) -> None:
         """Fail waiting requests (503), let served ones finish for ``grace`` s, stop all.
 
@@ -274,7 +352,8 @@ class Router:
         ``ShuttingDown`` error (a JSON 503, or an error event on a stream) before its
         model is stopped, rather than cut off by the model's exit.
         """
-        self._decide("shutdown", partial(self.scheduler.on_shutdown, ShuttingDown()))
+        for scheduler in self._schedulers():
+            self._decide("shutdown", scheduler, scheduler.on_shutdown, ShuttingDown())
         with trio.move_on_after(grace):
             await self._leases.drained()
         late = ShuttingDown(f"the request was still running after unloadTimeout ({grace:g}s)")
@@ -302,13 +381,25 @@ class Router:
 
     # ------------------------------------------------------------- decisions
 
+    def _schedulers(self) -> list[Scheduler]:
+        """The scheduler, and any a reload retired that still has requests to finish."""
+        return [self.scheduler, *{id(s): s for s in self._retired.values()}.values()]
+
+    def _scheduler_of(self, ticket: Ticket) -> Scheduler:
+        return self._retired.pop(ticket, self.scheduler)
+
     def _decide(
-        self, what: str, event: Callable[[], list[Decision]], concerned: Iterable[Ticket] = ()
+        self,
+        what: str,
+        scheduler: Scheduler,
+        event: Callable[..., list[Decision]],
+        *args: Any,
+        concerned: Iterable[Ticket] = (),
     ) -> None:
         """Run one scheduler event and apply its decisions; before it, the scheduler hears
         every cancel it has not heard yet."""
         self._catch_up()
-        self._run_event(what, event, concerned)
+        self._run_event(what, scheduler, partial(event, *args), concerned)
         self._catch_up()
 
     def _catch_up(self) -> None:
@@ -319,26 +410,32 @@ class Router:
                 lease = abandoned.popleft()
                 if lease.state is LeaseState.ABANDONED:
                     self._tell("cancelled", lease)
-                    on_cancel = partial(self.scheduler.on_cancel, lease.ticket)
-                    self._run_event(f"cancelled request #{lease.id}", on_cancel, ())
+                    scheduler = self._scheduler_of(lease.ticket)
+                    on_cancel = partial(scheduler.on_cancel, lease.ticket)
+                    self._run_event(f"cancelled request #{lease.id}", scheduler, on_cancel, ())
                     self._leases.release(lease)
             else:
                 ticket = self._orphans.pop()
-                on_finish = partial(self.scheduler.on_finish, ticket)
-                self._run_event(f"orphaned request #{ticket.seq}", on_finish, ())
+                scheduler = self._scheduler_of(ticket)
+                on_finish = partial(scheduler.on_finish, ticket)
+                self._run_event(f"orphaned request #{ticket.seq}", scheduler, on_finish, ())
 
     def _run_event(
-        self, what: str, event: Callable[[], list[Decision]], concerned: Iterable[Ticket]
+        self,
+        what: str,
+        scheduler: Scheduler,
+        event: Callable[[], list[Decision]],
+        concerned: Iterable[Ticket],
     ) -> None:
         try:
             decisions = event()
         except Exception:
-            logger.exception("scheduler %r failed on %s", self.scheduler.name, what)
+            logger.exception("scheduler %r failed on %s", scheduler.name, what)
             error = InternalError(f"the scheduler failed on {what}")
             decisions = [Fail(t, error) for t in concerned if self._leases.waiting(t)]
-        self._apply(decisions)
+        self._apply(decisions, scheduler)
 
-    def _apply(self, decisions: list[Decision]) -> None:
+    def _apply(self, decisions: list[Decision], scheduler: Scheduler) -> None:
         for decision in decisions:
             if isinstance(decision, Grant):
                 ticket = decision.ticket
@@ -351,10 +448,10 @@ class Router:
                 if not self._leases.fail(decision.ticket, decision.error):
                     logger.error("request #%d was failed after it left", decision.ticket.seq)
             elif isinstance(decision, StartSwap):
-                self._start_swap(decision.swap)
+                self._start_swap(decision.swap, scheduler)
             elif isinstance(decision, CancelSwap):
                 logger.info("cancelling the load of %r: %s", decision.swap.target, decision.reason)
-                self._swap_scopes[decision.swap].cancel(reason=decision.reason)
+                self._swap_scopes[decision.swap][0].cancel(reason=decision.reason)
             for listener in self._decision_listeners:
                 listener(decision)
 
@@ -364,11 +461,11 @@ class Router:
             for listener in self._request_listeners:
                 listener(event, info)
 
-    def _start_swap(self, swap: Swap) -> None:
+    def _start_swap(self, swap: Swap, scheduler: Scheduler) -> None:
         if self._swap_nursery is None:
             raise RuntimeError("router is not running")
         scope = trio.CancelScope()
-        self._swap_scopes[swap] = scope
+        self._swap_scopes[swap] = scope, scheduler
         evicting = f", evicting {sorted(swap.evict)}" if swap.evict else ""
         logger.info("loading model %r%s", swap.target, evicting)
         self._swap_nursery.start_soon(self._swap, swap, scope, name=f"swap to {swap.target}")
@@ -390,12 +487,13 @@ class Router:
         except RequestError as exc:
             error = exc
         finally:
-            del self._swap_scopes[swap]
-            on_swap_done = partial(self.scheduler.on_swap_done, swap, error)
-            self._decide(f"the load of {swap.target!r}", on_swap_done, list(swap.waiters))
+            _, scheduler = self._swap_scopes.pop(swap)
+            what, waiters = f"the load of {swap.target!r}", list(swap.waiters)
+            self._decide(what, scheduler, scheduler.on_swap_done, swap, error, concerned=waiters)
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
-        on_model_state = partial(self.scheduler.on_model_state, model, state)
-        self._decide(f"model {model!r} {state.value}", on_model_state)
+        for scheduler in self._schedulers():
+            what = f"model {model!r} {state.value}"
+            self._decide(what, scheduler, scheduler.on_model_state, model, state)
         for listener in self._listeners:
             listener(model, state)

@@ -22,6 +22,7 @@ from .priority import BANDS as BANDS
 from .priority import band_of as band_of
 from .priority import parse_priority as parse_priority
 from .serial import SerialScheduler as SerialScheduler
+from .settings import fifo_priorities, limits
 from .waitqueue import PriorityWaitQueue as PriorityWaitQueue
 
 __all__ = [
@@ -51,19 +52,13 @@ __all__ = [
 def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
     """The scheduler named by ``routing.scheduler.use``."""
     section = config.routing.scheduler
-    limits = {model_id: model.concurrency_limit for model_id, model in config.models.items()}
-    priorities: dict[str, int] = {}
-    for name, value in section.settings.fifo.priority.items():
-        model_id = config.resolve(name)
-        if model_id is not None:
-            priorities[model_id] = value
     if section.use == "serial":
         serial = section.settings.serial
         return SerialScheduler(
             world,
             swapper,
-            limits=limits,
+            limits=limits(config),
             aging_divisor=serial.aging_divisor,
             swap_affinity_bonus=serial.swap_affinity_bonus,
         )
-    return FifoScheduler(world, swapper, limits=limits, priorities=priorities)
+    return FifoScheduler(world, swapper, limits=limits(config), priorities=fifo_priorities(config))

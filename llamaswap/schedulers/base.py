@@ -22,6 +22,7 @@ from typing import Protocol, TypeAlias
 
 import attrs
 
+from llamaswap.config.model import Config
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
@@ -202,11 +203,19 @@ class Scheduler(Protocol):
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         """A model's state changed (including crashes and TTL unloads)."""
 
-    def on_unload(self, models: Collection[str]) -> list[Decision]:
+    def on_unload(self, models: Collection[str], reason: str = "unloaded") -> list[Decision]:
         """``models`` are being unloaded: fail their waiting requests with ``ModelUnloaded``."""
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:
         """Fail every waiting request with ``error``; refuse new ones with it too."""
+
+    def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
+        """A reload: new limits, priorities, settings and eviction policy, at once."""
+
+    def surrender(self) -> list[Ticket]:
+        """Give up every request not yet dispatched (a reload switches schedulers): they
+        leave this scheduler, oldest first, with no decision about them. What is loading
+        or serving stays here until it is done."""
 
     def position(self, ticket: Ticket) -> int | None:
         """1-based place among the queued requests in pick order; ``None`` once dispatched."""

@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import final
 
+from llamaswap.config.model import Config
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
 from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, World
 from .ledger import Ledger
+from .settings import fifo_priorities, limits
 from .waitqueue import PriorityWaitQueue
 
 __all__ = ["FifoScheduler"]
@@ -58,9 +60,7 @@ class FifoScheduler:
 
     def on_request(self, ticket: Ticket) -> list[Decision]:
         self._ledger.admit(ticket)
-        model_priority = self._priorities.get(ticket.model, 0)
-        ticket.effective_priority = model_priority + ticket.priority
-        ticket.metadata["fifo_priority"] = model_priority
+        self._prioritise(ticket)
         if not self._dispatch(ticket):
             self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
         return self._ledger.take()
@@ -88,10 +88,24 @@ class FifoScheduler:
             self._drain()
         return self._ledger.take()
 
-    def on_unload(self, models: Collection[str]) -> list[Decision]:
-        self._ledger.unload(self._queue, models)
+    def on_unload(self, models: Collection[str], reason: str = "unloaded") -> list[Decision]:
+        self._ledger.unload(self._queue, models, reason)
         self._drain()
         return self._ledger.take()
+
+    def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
+        self._ledger.configure(swapper, limits(config))
+        self._priorities = fifo_priorities(config)
+        queued = self._queue.ordered()
+        self._queue = PriorityWaitQueue()
+        for ticket in queued:
+            self._prioritise(ticket)
+            self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
+        self._drain()
+        return self._ledger.take()
+
+    def surrender(self) -> list[Ticket]:
+        return self._ledger.surrender(self._queue)
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:
         self._ledger.shut_down(self._queue, error)
@@ -115,6 +129,11 @@ class FifoScheduler:
         )
 
     # ---------------------------------------------------------------- private
+
+    def _prioritise(self, ticket: Ticket) -> None:
+        model_priority = self._priorities.get(ticket.model, 0)
+        ticket.effective_priority = model_priority + ticket.priority
+        ticket.metadata["fifo_priority"] = model_priority
 
     def _dispatch(self, ticket: Ticket) -> bool:
         """Serve, join or start a load for ``ticket``; False if it must wait."""

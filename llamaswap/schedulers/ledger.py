@@ -9,7 +9,7 @@ statistics — is written once.
 
 **Invariants** (checked by the tests of both schedulers):
 
-* ``admitted[m]`` = requests for ``m`` queued + loading + serving; a request beyond
+* ``admitted[m]`` = the requests for ``m`` queued + loading + serving; a request beyond
   ``concurrencyLimit`` is refused before anything is sent (429).
 * A model with requests in flight is never evicted. In flight is the router's count
   (``World.in_flight``) plus the grants decided in this event and not yet applied.
@@ -81,15 +81,21 @@ class Plan:
 @final
 class Ledger:
     def __init__(self, world: World, swapper: Swapper, limits: Mapping[str, int]) -> None:
+        self.configure(swapper, limits)
         self.world = world
-        self.swapper = swapper
-        self.limits = limits
-        self.admitted: collections.Counter[str] = collections.Counter()
+        #: The tickets admitted per model (a set: releasing one it never admitted, such as
+        #: another scheduler's after a reload switched them, changes nothing).
+        self.admitted: dict[str, set[Ticket]] = {}
         self.swaps: dict[str, Swap] = {}
         self.dispatched: collections.Counter[str] = collections.Counter()
         self.closed: RequestError | None = None
         self._outbox: list[Decision] = []
         self._granting: collections.Counter[str] = collections.Counter()
+
+    def configure(self, swapper: Swapper, limits: Mapping[str, int]) -> None:
+        """The eviction policy and the per-model limits (again, on a reload)."""
+        self.swapper = swapper
+        self.limits = limits
 
     def take(self) -> list[Decision]:
         """The decisions made since the last call, in order; the event's return value."""
@@ -104,15 +110,18 @@ class Ledger:
         if self.closed is not None:
             raise self.closed
         limit = self.limits.get(ticket.model, DEFAULT_CONCURRENCY_LIMIT)
-        if self.admitted[ticket.model] >= limit:
+        admitted = self.admitted.setdefault(ticket.model, set())
+        if len(admitted) >= limit:
             raise ConcurrencyLimit(ticket.model, limit)
-        self.admitted[ticket.model] += 1
+        admitted.add(ticket)
 
     def release(self, ticket: Ticket) -> None:
         """The ticket is finished, failed or abandoned: its reservation frees."""
-        self.admitted[ticket.model] -= 1
-        if not self.admitted[ticket.model]:
-            del self.admitted[ticket.model]
+        admitted = self.admitted.get(ticket.model)
+        if admitted is not None:
+            admitted.discard(ticket)
+            if not admitted:
+                del self.admitted[ticket.model]
         ticket.state = TicketState.DONE
 
     # ------------------------------------------------------------- outcomes
@@ -249,11 +258,20 @@ class Ledger:
             queue.remove(ticket)
             self.fail(ticket, error)
 
-    def unload(self, queue: Queue, models: Collection[str]) -> None:
+    def unload(self, queue: Queue, models: Collection[str], reason: str) -> None:
         """Fail every request waiting for ``models`` (queued, or loading) with 503."""
         for model in models:
-            self.abandon_swap(model, ModelUnloaded(model), "unloaded")
-            self.fail_queued(queue, {model}, ModelUnloaded(model))
+            self.abandon_swap(model, ModelUnloaded(model, reason), reason)
+            self.fail_queued(queue, {model}, ModelUnloaded(model, reason))
+
+    def surrender(self, queue: Queue) -> list[Ticket]:
+        """Take every queued ticket out, oldest first, its reservation freed."""
+        tickets = sorted(queue, key=lambda t: t.seq)
+        for ticket in tickets:
+            queue.remove(ticket)
+            self.release(ticket)
+            ticket.state = TicketState.QUEUED
+        return tickets
 
     def shut_down(self, queue: Queue, error: RequestError) -> None:
         """Refuse new requests and fail every waiting one with ``error``."""

@@ -56,12 +56,13 @@ from typing import final
 
 import attrs
 
-from llamaswap.config.model import MAX_SWAP_AFFINITY_BONUS
+from llamaswap.config.model import MAX_SWAP_AFFINITY_BONUS, Config
 from llamaswap.errors import ModelUnloaded, RequestError
 from llamaswap.process.state import ModelState
 
 from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, TicketState, World
 from .ledger import Ledger
+from .settings import limits
 from .waitqueue import PriorityWaitQueue
 
 __all__ = ["SerialScheduler"]
@@ -148,13 +149,16 @@ class SerialScheduler:
     ) -> None:
         self._ledger = Ledger(world, swapper, limits)
         self._world = world
-        self._divisor = aging_divisor
-        self._divisor_ns = _ns(aging_divisor)
-        self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
+        self._configure(aging_divisor, swap_affinity_bonus)
         self._lanes = _Lanes()
         self._holder: Ticket | None = None
         self.aging_changed_picks = 0
         self.affinity_changed_picks = 0
+
+    def _configure(self, aging_divisor: float, swap_affinity_bonus: int) -> None:
+        self._divisor = aging_divisor
+        self._divisor_ns = _ns(aging_divisor)
+        self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
 
     # ------------------------------------------------------------------ keys
 
@@ -250,11 +254,33 @@ class SerialScheduler:
                     self._ledger.grant(ticket)
         return self._ledger.take()
 
-    def on_unload(self, models: Collection[str]) -> list[Decision]:
-        self._release_slot(models, ModelUnloaded)
-        self._ledger.unload(self._lanes, models)
+    def on_unload(self, models: Collection[str], reason: str = "unloaded") -> list[Decision]:
+        self._release_slot(models, lambda model: ModelUnloaded(model, reason))
+        self._ledger.unload(self._lanes, models, reason)
         self._fill_slot()
         return self._ledger.take()
+
+    def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
+        settings = config.routing.scheduler.settings.serial
+        self._ledger.configure(swapper, limits(config))
+        self._configure(settings.aging_divisor, settings.swap_affinity_bonus)
+        queued = sorted(self._lanes, key=lambda t: t.seq)
+        self._lanes = _Lanes()  # static keys depend on agingDivisor: computed again
+        for ticket in queued:
+            self._lanes.push(ticket, self.static_key(ticket))
+        self._fill_slot()
+        return self._ledger.take()
+
+    def surrender(self) -> list[Ticket]:
+        holder = self._holder
+        waiting = [] if holder is None or holder.state is not TicketState.QUEUED else [holder]
+        if waiting:
+            self._holder = None
+        tickets = self._ledger.surrender(self._lanes)
+        for ticket in waiting:
+            self._ledger.release(ticket)
+            ticket.state = TicketState.QUEUED
+        return sorted(waiting + tickets, key=lambda t: t.seq)
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:
         self._release_slot(None, lambda _: error)

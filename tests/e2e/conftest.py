@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,10 @@ async def proxy_factory(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[
     """Start real proxies; each is stopped and checked for survivors after the test."""
     started: list[ProxyProcess] = []
 
-    async def start(config: str, *, log_level: str = "debug") -> ProxyProcess:
-        proxy = await start_proxy(nursery, config, tmp_path, log_level=log_level)
+    async def start(
+        config: str, *, log_level: str = "debug", args: Sequence[str] = ()
+    ) -> ProxyProcess:
+        proxy = await start_proxy(nursery, config, tmp_path, log_level=log_level, args=args)
         started.append(proxy)
         return proxy
 

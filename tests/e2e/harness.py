@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import final
 
@@ -139,8 +139,11 @@ class Output:
 
 @final
 class ProxyProcess:
-    def __init__(self, process: trio.Process, url: str, output: Output, marker: str) -> None:
+    def __init__(
+        self, process: trio.Process, url: str, output: Output, marker: str, config: Path
+    ) -> None:
         self.process = process
+        self.config = config  # the file it was started with (edit it, then reload)
         self.url = url
         self.output = output
         self.marker = marker
@@ -163,17 +166,18 @@ async def start_proxy(
     log_level: str = "debug",
     source: Path = REPO,
     env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> ProxyProcess:
     """Start ``python -m llamaswap`` (from ``source``) on ``config`` (TOML text), port 0.
 
-    ``env`` adds to (or overrides) its environment. Its output is collected by a task in
-    ``nursery``; ``stop_proxy`` cleans up.
+    ``env`` adds to (or overrides) its environment; ``args`` go on its command line. Its
+    output is collected by a task in ``nursery``; ``stop_proxy`` cleans up.
     """
     path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
     path.write_text(config)
     marker = uuid.uuid4().hex
     argv = [sys.executable, "-m", "llamaswap", "--config", str(path), "--listen", "127.0.0.1:0"]
-    argv += ["--log-level", log_level]
+    argv += ["--log-level", log_level, *args]
     process = await trio.lowlevel.open_process(
         argv,
         stdout=subprocess.PIPE,
@@ -184,7 +188,7 @@ async def start_proxy(
     output = Output()
     assert process.stdout is not None
     nursery.start_soon(output.collect, process.stdout)
-    proxy = ProxyProcess(process, "", output, marker)
+    proxy = ProxyProcess(process, "", output, marker, path)
     try:
         with trio.fail_after(20):
             proxy.url = (await output.wait_for(LISTENING.pattern))["url"]

@@ -62,7 +62,7 @@ async def short_bounds_proxy(nursery: trio.Nursery, tmp_path: Path) -> AsyncIter
         output = Output()
         assert process.stdout is not None
         nursery.start_soon(output.collect, process.stdout)
-        proxy = ProxyProcess(process, "", output, marker)
+        proxy = ProxyProcess(process, "", output, marker, path)
         started.append(proxy)
         with trio.fail_after(20):
             proxy.url = (await output.wait_for(LISTENING.pattern))["url"]

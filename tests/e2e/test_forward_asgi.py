@@ -43,7 +43,9 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     while it is still inside ``send``, tidying up (its keep-alive timer). That must not
     cancel the request task there: it is not a client leaving."""
     server = await start_server(nursery, serve_forever)
-    config = Config(models={"m": ModelConfig(cmd=("server",), proxy=server.url)})
+    config = Config(
+        models={"m": ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)}
+    )
     spawner = FakeSpawner(nursery)
     router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
     await nursery.start(router.run)

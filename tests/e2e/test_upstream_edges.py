@@ -266,7 +266,9 @@ async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
             await peer.respond(request[1])
 
     server = await start_server(nursery, script)
-    config = Config(models={"m": ModelConfig(cmd=("server",), proxy=server.url)})
+    config = Config(
+        models={"m": ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)}
+    )
     spawner = FakeSpawner(nursery)
     router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
     await nursery.start(router.run)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from llamaswap.config.model import Config, ModelConfig
 from llamaswap.observability import Metrics
 from llamaswap.process import ModelSupervisor
 from llamaswap.router.swappers.group import GroupSwapper
-from llamaswap.schedulers import FifoScheduler
+from llamaswap.schedulers import FifoScheduler, Scheduler
 from tests.fakes import FakeProbe, FakeSpawner, FakeWorld
+
+
+@attrs.frozen
+class Source:
+    scheduler: Scheduler
+    supervisors: dict[str, ModelSupervisor]
 
 
 async def test_metrics_has_every_band_from_the_start(nursery: trio.Nursery) -> None:
@@ -26,7 +33,7 @@ async def test_metrics_has_every_band_from_the_start(nursery: trio.Nursery) -> N
             health_check_timeout=1.0,
         )
     }
-    text = Metrics(scheduler, supervisors).exposition().decode()
+    text = Metrics(Source(scheduler, supervisors)).exposition().decode()
     for band in ("above_interactive", "interactive", "normal", "batch", "below_batch"):
         assert f'llamaswap_scheduler_queue_depth{{band="{band}"}} 0.0' in text
         assert f'llamaswap_scheduler_queue_oldest_wait_seconds{{band="{band}"}} 0.0' in text

@@ -87,6 +87,20 @@ async def test_ready_model_returns_at_once_and_env_is_passed(
     assert "PATH" in spawner.last.env
 
 
+async def test_a_failed_start_quotes_only_its_own_output(
+    autojump_clock: trio.testing.MockClock, make: Factory, spawner: FakeSpawner
+) -> None:
+    spawner.script = Script(output=["first run: serving"])
+    supervisor = await make()
+    await supervisor.ensure_ready()
+    await supervisor.stop("unload")
+    spawner.script = Script(healthy_after=None, exit_after=0.5, output=[])
+    with pytest.raises(ModelStartFailed) as caught:
+        await supervisor.ensure_ready()
+    assert caught.value.log_tail == ()  # not the lines of the run before
+    assert "last output" not in str(caught.value)
+
+
 async def test_check_endpoint_none_is_ready_once_started(
     autojump_clock: trio.testing.MockClock, make: Factory, spawner: FakeSpawner
 ) -> None:
@@ -356,7 +370,7 @@ async def test_cancelling_the_supervisor_stops_the_process(
 ) -> None:
     supervisor = ModelSupervisor(
         "m",
-        ModelConfig(cmd=("server",), proxy="http://m:9", unload_timeout=3.0),
+        ModelConfig(cmd=("server", "9"), proxy="http://m:9", unload_timeout=3.0),
         spawner=spawner,
         probe=FakeProbe(spawner),
         health_check_timeout=30.0,
@@ -395,7 +409,7 @@ async def test_readiness_is_seen_within_100ms_of_turning_healthy_at_the_default_
     # Not the `make` factory: its 0.25 s poll interval would hide the default's promise.
     supervisor = ModelSupervisor(
         "m",
-        ModelConfig(cmd=("server",), proxy="http://m:9"),
+        ModelConfig(cmd=("server", "9"), proxy="http://m:9"),
         spawner=spawner,
         probe=FakeProbe(spawner),
         health_check_timeout=30.0,

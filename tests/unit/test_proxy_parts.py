@@ -214,3 +214,15 @@ def test_an_upstream_base_url_gives_the_address_host_header_and_prefix(
 def test_an_upstream_base_url_that_is_not_http_is_refused(base: str) -> None:
     with pytest.raises(UpstreamFailed, match="not an http"):
         _origin(base)
+
+
+def test_an_error_class_answers_like_its_nearest_ancestor_in_the_table() -> None:
+    class Evicted(ModelUnloaded):
+        pass
+
+    class Unmapped(RequestError):
+        pass
+
+    assert error_response(Evicted("m"))[0] == 503
+    status, _, body = error_response(Unmapped("oops"))
+    assert (status, json.loads(body)["error"]["code"]) == (500, "internal_error")

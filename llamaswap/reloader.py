@@ -1,0 +1,147 @@
+"""Reloading the configuration while serving (SPEC §3.7): SIGHUP, the API, a file watch.
+
+Every trigger ends in ``Reloader.reload``: read and validate the file first — an invalid
+one changes nothing, and every problem is logged with its key path — then hand the new
+configuration to ``Router.reconfigure``, which applies it model by model. Reloads run
+one at a time. Each is counted (``llamaswap_config_reloads_total{result}``), and the time
+of the last success is kept.
+
+``--watch-config`` watches the file's *directory* with ``watchfiles`` (its async API
+runs on Trio through anyio): an editor that saves by writing a new file and renaming it
+over the old one replaces the inode, which a watch on the file itself would lose. Bursts
+of writes are debounced into one reload.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import Any, final
+
+import attrs
+import trio
+import watchfiles
+
+from llamaswap.config import load_config
+from llamaswap.errors import ConfigError
+from llamaswap.router import Router
+from llamaswap.router.reload import ConfigChanges
+from llamaswap.router.swappers import make_swapper
+
+__all__ = ["ReloadResult", "Reloader"]
+
+logger = logging.getLogger("llamaswap.reload")
+
+#: Milliseconds of quiet that end a burst of writes to the watched file.
+DEBOUNCE_MS = 200
+#: How often the watch thread returns, so that cancelling the watch is prompt.
+WATCH_STEP_MS = 250
+
+
+@attrs.frozen
+class ReloadResult:
+    ok: bool
+    trigger: str
+    changes: ConfigChanges | None = None
+    problems: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        changed = None if self.changes is None else self.changes.to_json()
+        return {
+            "ok": self.ok,
+            "trigger": self.trigger,
+            "changed": changed,
+            "problems": list(self.problems),
+        }
+
+
+@final
+class Reloader:
+    """Reloads ``path`` into ``router``.
+
+    Args:
+        path: the configuration file llamaswap was started with.
+        router: applies each new configuration.
+        on_result: told of every reload (metrics, events); must not block.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        router: Router,
+        on_result: Callable[[ReloadResult], None] = lambda _: None,
+    ) -> None:
+        self.path = os.path.abspath(path)
+        self._router = router
+        self._on_result = on_result
+        self._lock = trio.Lock()
+        self.last_success: float | None = None  # wall-clock time (for metrics and the UI)
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Validate the file, then apply it; an invalid file changes nothing.
+
+        *Cancellation*: validation may be abandoned; once applying has begun it finishes
+        (shielded), so a configuration is never half applied.
+        """
+        async with self._lock:
+            try:
+                config = await trio.to_thread.run_sync(load_config, self.path)
+                make_swapper(config)  # e.g. `use = "matrix"`, not served yet
+            except ConfigError as exc:
+                problems = tuple(problem.render(exc.file) for problem in exc.problems)
+                result = ReloadResult(False, trigger, problems=problems)
+            except NotImplementedError as exc:
+                result = ReloadResult(False, trigger, problems=(f"{self.path}: {exc}",))
+            else:
+                with trio.CancelScope(shield=True):
+                    changes = await self._router.reconfigure(config)
+                result = ReloadResult(True, trigger, changes=changes)
+                self.last_success = trio.current_time()
+            self._report(result)
+            return result
+
+    def _report(self, result: ReloadResult) -> None:
+        if result.ok:
+            assert result.changes is not None
+            summary = {k: v for k, v in result.changes.to_json().items() if v}
+            summary.pop("unchanged", None)
+            logger.info("reloaded %s (%s): %s", self.path, result.trigger, summary or "no change")
+            for key in result.changes.at_start:
+                logger.warning("reload: %s changed; it applies when llamaswap starts again", key)
+        else:
+            logger.error(
+                "reload (%s) failed; the running config stays. %d problem(s):",
+                result.trigger,
+                len(result.problems),
+            )
+            for problem in result.problems:
+                logger.error("  %s", problem)
+        self._on_result(result)
+
+    async def watch(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Reload whenever the file changes (``--watch-config``), until cancelled."""
+        directory, name = os.path.split(self.path)
+
+        def is_ours(_: watchfiles.Change, changed: str) -> bool:
+            return os.path.basename(changed) == name
+
+        changes = watchfiles.awatch(
+            directory,
+            watch_filter=is_ours,
+            debounce=DEBOUNCE_MS,
+            rust_timeout=WATCH_STEP_MS,
+            yield_on_timeout=True,  # an empty set each step: the first one says "armed"
+            recursive=False,
+        )
+        armed = False
+        async with aclosing(changes):
+            async for changed in changes:
+                if not armed:
+                    armed = True
+                    task_status.started()
+                if changed:
+                    await self.reload("file changed")

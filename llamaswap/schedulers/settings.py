@@ -1,0 +1,22 @@
+"""What a scheduler takes from the configuration: limits and priorities by model ID."""
+
+from __future__ import annotations
+
+from llamaswap.config.model import Config
+
+__all__ = ["fifo_priorities", "limits"]
+
+
+def limits(config: Config) -> dict[str, int]:
+    """``concurrencyLimit`` per model ID."""
+    return {model_id: model.concurrency_limit for model_id, model in config.models.items()}
+
+
+def fifo_priorities(config: Config) -> dict[str, int]:
+    """``settings.fifo.priority`` by model ID (names given as aliases resolved)."""
+    priorities: dict[str, int] = {}
+    for name, value in config.routing.scheduler.settings.fifo.priority.items():
+        model_id = config.resolve(name)
+        if model_id is not None:
+            priorities[model_id] = value
+    return priorities

@@ -1,0 +1,205 @@
+"""Reloading the configuration of a running proxy (SPEC §3.7), through real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import FAKE, free_port_base
+from tests.e2e.test_live import LiveStream
+from tests.e2e.test_proxy import chat, running
+
+SIDE_BY_SIDE = """
+[routing.router.settings.groups.all]
+members = {members}
+swap = false
+exclusive = false
+"""
+
+
+def config(models: dict[str, str], *, ports: int, gamma_port: int = 0) -> str:
+    """Models that run side by side from ``startPort = ports``; ``gamma`` on a port of
+    its own, so that removing it shifts nobody's ``${PORT}``."""
+    lines = [f"startPort = {ports}", "[macros]", f"fake = {json.dumps(FAKE)}"]
+    for model_id, flags in models.items():
+        lines.append(f"[models.{model_id}]")
+        if model_id == "gamma":
+            fake = FAKE.replace("${PORT}", str(gamma_port))
+            lines += [
+                f"cmd = {json.dumps(fake + flags)}",
+                f'proxy = "http://127.0.0.1:{gamma_port}"',
+            ]
+        else:
+            lines.append(f'cmd = "${{fake}}{flags}"')
+    lines.append(SIDE_BY_SIDE.format(members=json.dumps(sorted(models))))
+    return "\n".join(lines)
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Save as editors do: a new file renamed over the old one."""
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(text)
+    os.replace(scratch, path)
+
+
+async def chat_status(client: httpx.AsyncClient, model: str) -> int:
+    return (await client.post("/v1/chat/completions", json=chat(model))).status_code
+
+
+async def pids(client: httpx.AsyncClient) -> dict[str, object]:
+    return {model: entry["pid"] for model, entry in (await running(client)).items()}
+
+
+async def test_a_reload_keeps_unchanged_models_and_applies_the_rest(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    ports, gamma_port = free_port_base(), free_port_base(1)
+    before = {
+        "alpha": "",  # unchanged: same process, serving throughout
+        "beta": " --tokens-per-second 20",  # changed: restarts after its request
+        "gamma": " --load-seconds 30",  # removed while a request waits for its load
+    }
+    proxy = await proxy_factory(config(before, ports=ports, gamma_port=gamma_port))
+    outcomes: dict[str, object] = {}
+    streaming, streamed = trio.Event(), trio.Event()
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            for name in ("alpha", "beta"):
+                assert (await client.post(f"/api/models/load/{name}")).status_code == 200
+            old = await pids(client)
+
+            async def stream(name: str, tokens: int) -> None:
+                body = chat(name, stream=True, max_tokens=tokens)
+                chunks = []
+                async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+                    async for chunk in answer.aiter_bytes():
+                        chunks.append(chunk)
+                        streaming.set()
+                text = b"".join(chunks)
+                outcomes[name] = (answer.status_code, text.rstrip().endswith(b"data: [DONE]"))
+                streamed.set()
+
+            async def wait_for_gamma() -> None:
+                answer = await client.post("/v1/chat/completions", json=chat("gamma"))
+                outcomes["gamma"] = (answer.status_code, answer.json()["error"]["message"])
+
+            mark = len(proxy.output.lines)
+            nursery.start_soon(stream, "beta", 40)  # two seconds of streaming
+            nursery.start_soon(wait_for_gamma)
+            await proxy.output.wait_for(r"loading model 'gamma'", start=mark)
+            await streaming.wait()
+
+            after = {"alpha": "", "beta": " --tokens-per-second 40", "delta": ""}
+            proxy.config.write_text(config(after, ports=ports, gamma_port=gamma_port))
+            answer = await client.post("/api/config/reload")
+            assert answer.status_code == 200, answer.text
+            changed = answer.json()["changed"]
+            assert changed["unchanged"] == ["alpha"]
+            assert changed["restarted"] == ["beta"]
+            assert changed["removed"] == ["gamma"]
+            assert changed["added"] == ["delta"]
+
+            served = await client.post("/v1/chat/completions", json=chat("alpha"))
+            assert served.status_code == 200
+            assert (
+                await client.post("/v1/chat/completions", json=chat("delta"))
+            ).status_code == 200
+            await streamed.wait()
+            served = await client.post("/v1/chat/completions", json=chat("beta"))
+            assert served.status_code == 200
+            new = await pids(client)
+            models = {entry["id"] for entry in (await client.get("/v1/models")).json()["data"]}
+    assert outcomes["beta"] == (200, True)  # no request lost to the restart
+    assert outcomes["gamma"] == (
+        503,
+        "model 'gamma' was unloaded while the request waited (removed from the configuration)",
+    )
+    assert new["alpha"] == old["alpha"]
+    assert new["beta"] != old["beta"]
+    assert "gamma" not in new
+    assert models == {"alpha", "beta", "delta"}
+    text = proxy.output.text()
+    assert "model 'alpha': stopping" not in text
+    assert "model 'beta': stopping once its requests finish (its configuration changed)" in text
+
+
+async def test_an_invalid_edit_changes_nothing(proxy_factory: StartProxy) -> None:
+    ports = free_port_base()
+    proxy = await proxy_factory(config({"alpha": ""}, ports=ports))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/alpha")).status_code == 200
+            old = await pids(client)
+            proxy.config.write_text(
+                proxy.config.read_text() + '\n[models.beta]\ncmd = "x"\nttl = "soon"\nfoo = 1\n'
+            )
+            answer = await client.post("/api/config/reload")
+            assert answer.status_code == 400
+            document = answer.json()
+            assert document["error"]["code"] == "invalid_request"
+            assert document["ok"] is False
+            problems = "\n".join(document["problems"])
+            assert "models.beta.ttl" in problems
+            assert "models.beta.foo" in problems
+            metrics = (await client.get("/metrics")).text
+            assert 'llamaswap_config_reloads_total{result="failed"} 1.0' in metrics
+            assert 'llamaswap_config_reloads_total{result="ok"} 0.0' in metrics
+            assert (
+                await client.post("/v1/chat/completions", json=chat("alpha"))
+            ).status_code == 200
+            assert await pids(client) == old
+            assert (
+                await client.post("/v1/chat/completions", json=chat("beta"))
+            ).status_code == 404
+    assert "reload (api) failed; the running config stays" in proxy.output.text()
+
+
+async def test_sighup_reloads_and_the_proxy_keeps_serving(proxy_factory: StartProxy) -> None:
+    ports = free_port_base()
+    proxy = await proxy_factory(config({"alpha": ""}, ports=ports))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/alpha")).status_code == 200
+            old = await pids(client)
+            rewrite(proxy.config, config({"alpha": "", "beta": ""}, ports=ports))
+            events = await LiveStream.open(proxy.url, "/api/events")
+            assert await events.next_line() == "event: snapshot"
+            proxy.process.send_signal(signal.SIGHUP)
+            while await events.next_line() != "event: reload":
+                pass
+            reload = json.loads((await events.next_line() or "").removeprefix("data: "))
+            await events.aclose()
+            assert reload["ok"] is True
+            assert reload["trigger"] == "SIGHUP"
+            assert reload["changed"]["added"] == ["beta"]
+            assert (
+                await client.post("/v1/chat/completions", json=chat("beta"))
+            ).status_code == 200
+            assert (await pids(client))["alpha"] == old["alpha"]
+            metrics = (await client.get("/metrics")).text
+            assert 'llamaswap_config_reloads_total{result="ok"} 1.0' in metrics
+            assert "llamaswap_config_last_reload_success_timestamp_seconds 0.0" not in metrics
+    assert await proxy.terminate() == 0
+
+
+async def test_watch_config_applies_a_saved_edit(proxy_factory: StartProxy) -> None:
+    ports = free_port_base()
+    proxy = await proxy_factory(config({"alpha": ""}, ports=ports), args=["--watch-config"])
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            mark = len(proxy.output.lines)
+            rewrite(proxy.config, config({"alpha": "", "beta": ""}, ports=ports))
+            started = trio.current_time()
+            await proxy.output.wait_for(r"reloaded .* \(file changed\)", start=mark)
+            took = trio.current_time() - started
+            assert (
+                await client.post("/v1/chat/completions", json=chat("beta"))
+            ).status_code == 200
+    print(f"--watch-config applied the edit {took:.2f} s after the rename")
+    assert proxy.output.text().count("(file changed)") == 1  # one save, one reload

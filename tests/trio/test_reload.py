@@ -1,0 +1,223 @@
+"""``Router.reconfigure``: a reload applied model by model, on the mock clock."""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+
+import pytest
+import trio
+import trio.testing
+
+from llamaswap.config.model import (
+    Config,
+    GroupConfig,
+    ModelConfig,
+    RouterSection,
+    RouterSettings,
+    Routing,
+    SchedulerSection,
+    SchedulerSettings,
+    SerialSettings,
+)
+from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.process import ModelState
+from llamaswap.router import Router
+from llamaswap.router.lease import Lease
+from llamaswap.router.reload import ConfigChanges, diff_config
+from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
+
+S = ModelState
+
+
+def model(port: int, **settings: object) -> ModelConfig:
+    return ModelConfig(cmd=("server", str(port)), proxy=f"http://m:{port}", **settings)  # type: ignore[arg-type]
+
+
+def config(scheduler: str = "fifo", **models: ModelConfig) -> Config:
+    """Every model may run beside every other: the tests watch processes, not swaps."""
+    together = GroupConfig(members=tuple(models), swap=False, exclusive=False)
+    return Config(
+        models=models,
+        routing=Routing(
+            router=RouterSection(settings=RouterSettings(groups={"all": together})),
+            scheduler=SchedulerSection(use=scheduler),  # type: ignore[arg-type]
+        ),
+    )
+
+
+def lease(router: Router, name: str) -> AbstractAsyncContextManager[Lease]:
+    return router.acquire(router.lease(name))
+
+
+@pytest.fixture
+def spawner(nursery: trio.Nursery) -> FakeSpawner:
+    return FakeSpawner(nursery, Script(healthy_after=1.0))
+
+
+@pytest.fixture
+def recorder() -> StateRecorder:
+    return StateRecorder()
+
+
+async def start(
+    nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder, cfg: Config
+) -> Router:
+    router = Router(cfg, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    await nursery.start(router.run)
+    return router
+
+
+def test_the_diff_sorts_models_by_what_a_reload_does_to_them() -> None:
+    old = Config(models={"same": model(1), "ttl": model(2), "cmd": model(3), "gone": model(4)})
+    new = Config(
+        models={
+            "same": model(1),
+            "ttl": model(2, ttl=60.0, aliases=("t",)),
+            "cmd": ModelConfig(cmd=("server", "3", "--ctx", "8192"), proxy="http://m:3"),
+            "new": model(5),
+        },
+        api_keys=("k",),
+    )
+    assert diff_config(old, new) == ConfigChanges(
+        added=("new",),
+        removed=("gone",),
+        restarted=("cmd",),
+        updated=("ttl",),
+        unchanged=("same",),
+        settings=("apiKeys",),
+    )
+
+
+async def test_an_unchanged_model_keeps_its_process_and_serves_throughout(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    async with lease(router, "a"):
+        pid = router.supervisors["a"].statistics().pid
+        changes = await router.reconfigure(config(a=model(1), b=model(2)))
+        assert changes.unchanged == ("a",)
+        assert changes.added == ("b",)
+    async with lease(router, "a"):
+        assert router.supervisors["a"].statistics().pid == pid
+    async with lease(router, "b"):  # servable at once
+        assert router.model_state("b") is S.READY
+    assert recorder.states("a") == [S.STARTING, S.READY]
+
+
+async def test_a_changed_model_finishes_its_requests_then_restarts_with_no_request_lost(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    served: list[tuple[str, ...]] = []
+
+    async def queued_request() -> None:
+        async with lease(router, "a"):
+            served.append(spawner.last.argv)
+
+    changed = model(1, env={"N_CTX": "8192"})
+    async with lease(router, "a"):
+        old = spawner.last
+        changes = await router.reconfigure(config(a=changed))
+        assert changes.restarted == ("a",)
+        # Still serving this request; no new one goes to the old process.
+        assert router.model_state("a") is S.STOPPING
+        assert old.returncode is None
+        nursery.start_soon(queued_request)
+        await trio.testing.wait_all_tasks_blocked()
+        assert served == []
+    await recorder.wait_for(S.READY, "a")
+    await trio.testing.wait_all_tasks_blocked()
+    assert spawner.processes[0].returncode == 0  # SIGTERM once drained
+    assert len(spawner.processes) == 2
+    assert spawner.last.env["N_CTX"] == "8192"
+    assert served == [spawner.last.argv]
+
+
+async def test_a_removed_model_fails_its_queue_and_stops_once_drained(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    exclusive = Config(models={"a": model(1), "b": model(2)})  # one at a time
+    router = await start(nursery, spawner, recorder, exclusive)
+    failures: list[RequestError] = []
+
+    async def waiting_request() -> None:
+        try:
+            async with lease(router, "a"):
+                pytest.fail("a was removed while this waited")
+        except RequestError as exc:
+            failures.append(exc)
+
+    async with lease(router, "b"):
+        nursery.start_soon(waiting_request)  # queued: it would evict b, which serves
+        await trio.testing.wait_all_tasks_blocked()
+        await router.reconfigure(Config(models={"b": model(2)}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(f) for f in failures] == [ModelUnloaded]
+        assert "removed from the configuration" in str(failures[0])
+    with pytest.raises(RequestError, match="not found"):
+        router.names.resolve("a")
+    assert recorder.states("a") == []  # never started
+
+
+async def test_a_removed_model_serving_a_request_stops_once_it_is_done(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    async with lease(router, "a"):
+        process = spawner.last
+        await router.reconfigure(config(b=model(2)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert router.model_state("a") is S.STOPPING
+        assert process.returncode is None  # the request in flight goes on
+    await recorder.wait_for(S.STOPPED, "a")
+    assert process.returncode == 0
+
+
+async def test_switching_scheduler_requeues_waiting_requests_in_arrival_order(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    exclusive = Config(models={"a": model(1), "b": model(2), "c": model(3)})
+    router = await start(nursery, spawner, recorder, exclusive)
+    order: list[str] = []
+    all_served = trio.Event()
+
+    async def request(name: str) -> None:
+        async with lease(router, name):
+            order.append(name)
+            if len(order) == 3:
+                all_served.set()
+
+    async with lease(router, "a"):
+        for name in ("b", "c", "b"):
+            nursery.start_soon(request, name)
+            await trio.testing.wait_all_tasks_blocked()
+        assert router.scheduler.statistics().waiting == 3  # fifo
+        # No affinity: serial then serves in arrival order (fifo would collate: b b c).
+        settings = SchedulerSettings(serial=SerialSettings(swap_affinity_bonus=0))
+        serial = Config(
+            models=exclusive.models,
+            routing=Routing(scheduler=SchedulerSection(use="serial", settings=settings)),
+        )
+        await router.reconfigure(serial)
+        assert router.scheduler.name == "serial"
+        states = [(info.model, info.state) for info in router.requests()]
+        assert states == [("a", "serving"), ("b", "queued"), ("c", "queued"), ("b", "queued")]
+    with trio.fail_after(600):
+        await all_served.wait()
+    assert order == ["b", "c", "b"]
+    assert router.requests() == []
