@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 
 from llamaswap.process import ModelState
-from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket, band_of
+from llamaswap.router.lease import RequestInfo, ticket_info
+from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket
 
 from .activity import ActivityLog, ActivityRecord
 from .events import Event, EventHub
 
 if TYPE_CHECKING:
     from llamaswap.router import Router
-    from llamaswap.router.lease import RequestInfo
 
 __all__ = ["RouterEvents"]
 
@@ -130,55 +130,21 @@ class RouterEvents:
         return event
 
 
-def _request(
-    state: str,
-    *,
-    id: int,
-    model: str,
-    priority: int,
-    score: float | None,
-    arrival: float,
-    dispatched_at: float | None,
-    now: float,
-    error: str | None = None,
-) -> Event:
+def _from_info(info: RequestInfo, state: str, now: float, error: str | None = None) -> Event:
     # As in /api/inflight: time in the queue, so far, then fixed once dispatched.
-    waited = (now if dispatched_at is None else dispatched_at) - arrival
+    waited = (now if info.dispatched_at is None else info.dispatched_at) - info.arrival
     return {
         "type": "request",
-        "id": id,
-        "model": model,
+        "id": info.id,
+        "model": info.model,
         "state": state,
-        "priority": priority,
-        "band": band_of(priority),
-        "score": score,
+        "priority": info.effective_priority,
+        "band": info.band,
+        "score": info.score,
         "waited_ms": _ms(waited),
         "error": error,
     }
 
 
-def _from_info(info: RequestInfo, state: str, now: float) -> Event:
-    return _request(
-        state,
-        id=info.id,
-        model=info.model,
-        priority=info.effective_priority,
-        score=info.score,
-        arrival=info.arrival,
-        dispatched_at=info.dispatched_at,
-        now=now,
-    )
-
-
 def _from_ticket(ticket: Ticket, state: str, error: str | None = None) -> Event:
-    return _request(
-        state,
-        id=ticket.seq,
-        model=ticket.model,
-        priority=ticket.effective_priority,
-        score=ticket.score,
-        arrival=ticket.arrival,
-        dispatched_at=ticket.dispatched_at,
-        now=trio.current_time(),
-        error=error,
-    )
+    return _from_info(ticket_info(ticket), state, trio.current_time(), error)

@@ -33,7 +33,7 @@ import trio
 from llamaswap.errors import RequestError
 from llamaswap.schedulers import Ticket, band_of
 
-__all__ = ["Lease", "LeaseState", "Leases", "RequestInfo"]
+__all__ = ["Lease", "LeaseState", "Leases", "RequestInfo", "ticket_info"]
 
 
 class LeaseState(enum.Enum):
@@ -66,6 +66,24 @@ class RequestInfo:
         return None if self.dispatched_at is None else self.dispatched_at - self.arrival
 
 
+def ticket_info(ticket: Ticket, *, client: str | None = None, route: str = "") -> RequestInfo:
+    """The snapshot of ``ticket`` (the scheduler's record) that everyone else reads."""
+    return RequestInfo(
+        id=ticket.seq,
+        model=ticket.model,
+        priority=ticket.priority,
+        effective_priority=ticket.effective_priority,
+        band=band_of(ticket.effective_priority),
+        state=ticket.state.value,
+        arrival=ticket.arrival,
+        dispatched_at=ticket.dispatched_at,
+        score=ticket.score,
+        metadata=dict(ticket.metadata),
+        client=client,
+        route=route,
+    )
+
+
 @final
 class Lease:
     """One admitted request's hold on its model. Made by ``Router.lease``.
@@ -95,21 +113,7 @@ class Lease:
         return self._outcome is not None
 
     def info(self) -> RequestInfo:
-        ticket = self.ticket
-        return RequestInfo(
-            id=ticket.seq,
-            model=ticket.model,
-            priority=ticket.priority,
-            effective_priority=ticket.effective_priority,
-            band=band_of(ticket.effective_priority),
-            state=ticket.state.value,
-            arrival=ticket.arrival,
-            dispatched_at=ticket.dispatched_at,
-            score=ticket.score,
-            metadata=dict(ticket.metadata),
-            client=self.client,
-            route=self.route,
-        )
+        return ticket_info(self.ticket, client=self.client, route=self.route)
 
     def cancel(self, error: RequestError) -> None:
         """End the request wherever it is, as a disconnect would; its client gets ``error``.

@@ -24,7 +24,7 @@ from llamaswap.process import ModelState
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.router.reload import ConfigChanges, diff_config
-from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
+from tests.fakes import FakeProbe, FakeSpawner, StateRecorder
 
 S = ModelState
 
@@ -47,16 +47,6 @@ def config(scheduler: str = "fifo", **models: ModelConfig) -> Config:
 
 def lease(router: Router, name: str) -> AbstractAsyncContextManager[Lease]:
     return router.acquire(router.lease(name))
-
-
-@pytest.fixture
-def spawner(nursery: trio.Nursery) -> FakeSpawner:
-    return FakeSpawner(nursery, Script(healthy_after=1.0))
-
-
-@pytest.fixture
-def recorder() -> StateRecorder:
-    return StateRecorder()
 
 
 async def start(

@@ -51,16 +51,6 @@ def model(port: int, **settings: object) -> ModelConfig:
     return ModelConfig(cmd=("server", str(port)), proxy=f"http://m:{port}", **settings)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def spawner(nursery: trio.Nursery) -> FakeSpawner:
-    return FakeSpawner(nursery, Script(healthy_after=1.0))
-
-
-@pytest.fixture
-def recorder() -> StateRecorder:
-    return StateRecorder()
-
-
 async def start_router(
     nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder, **models: ModelConfig
 ) -> Router:

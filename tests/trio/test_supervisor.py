@@ -24,11 +24,6 @@ def spawner(nursery: trio.Nursery) -> FakeSpawner:
 
 
 @pytest.fixture
-def recorder() -> StateRecorder:
-    return StateRecorder()
-
-
-@pytest.fixture
 def make(nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder) -> Factory:
     async def factory(**overrides: object) -> ModelSupervisor:
         health_check_timeout = float(overrides.pop("health_check_timeout", 30.0))  # type: ignore[arg-type]
