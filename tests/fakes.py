@@ -270,7 +270,9 @@ class Driven(Generic[S]):
         return self.world.apply(self.scheduler.on_shutdown(error))
 
     def position(self, ticket: Ticket) -> int | None:
-        return self.scheduler.position(ticket)
+        """1-based place in ``queued()``; ``None`` once dispatched."""
+        queued = self.scheduler.queued()
+        return queued.index(ticket) + 1 if ticket in queued else None
 
     def statistics(self) -> SchedulerStatistics:
         return self.scheduler.statistics()

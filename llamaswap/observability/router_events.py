@@ -119,7 +119,12 @@ class RouterEvents:
             band: {"depth": band_stats.depth, "oldest_wait_ms": _ms(band_stats.oldest_wait)}
             for band, band_stats in stats.bands.items()
         }
-        return {"waiting": stats.waiting, "loading": stats.loading, "bands": bands}
+        return {
+            "waiting": stats.waiting,
+            "loading": stats.loading,
+            "bands": bands,
+            "order": self._router.queue_order(),  # the waiting IDs, first served first
+        }
 
     def _queue_event(self) -> Event | None:
         """The queue now, unless it is what was sent last (an empty queue stays quiet)."""

@@ -60,9 +60,12 @@ def client_address(client: tuple[str, int] | None) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def inflight_entry(info: RequestInfo, *, now: float, wall_now: float) -> dict[str, Any]:
+def inflight_entry(
+    info: RequestInfo, *, now: float, wall_now: float, position: int | None = None
+) -> dict[str, Any]:
     """One ``/api/inflight`` entry. ``waited_ms`` runs until the request is dispatched
-    (served, or its load started or joined), as the activity log's ``queue_wait_ms``."""
+    (served, or its load started or joined), as the activity log's ``queue_wait_ms``;
+    ``position`` is its 1-based place in the order the scheduler will serve the queue."""
     waited = (now if info.dispatched_at is None else info.dispatched_at) - info.arrival
     return {
         "id": info.id,
@@ -75,6 +78,7 @@ def inflight_entry(info: RequestInfo, *, now: float, wall_now: float) -> dict[st
         "started": iso_time(to_wall_clock(info.arrival, now=now, wall_now=wall_now)),
         "client": info.client,
         "route": info.route,
+        "position": position,
     }
 
 
@@ -115,8 +119,9 @@ def register(quart: QuartTrio, router: Router) -> None:
     @quart.get("/api/inflight")
     async def inflight() -> Response:
         now, wall_now = trio.current_time(), time.time()
+        order = {request_id: place for place, request_id in enumerate(router.queue_order(), 1)}
         entries = [
-            inflight_entry(info, now=now, wall_now=wall_now)
+            inflight_entry(info, now=now, wall_now=wall_now, position=order.get(info.id))
             for info in router.requests()
             if info.state != "done"
         ]

@@ -175,9 +175,15 @@ class Router:
         """The admitted, unreleased request whose ``RequestInfo.id`` is ``request_id``."""
         return next((lease for lease in self._leases if lease.id == request_id), None)
 
+    def queue_order(self) -> list[int]:
+        """The IDs of the requests not yet dispatched, in the order they will be served."""
+        return [ticket.seq for ticket in self.scheduler.queued()]
+
     def position(self, lease: Lease) -> tuple[int | None, int]:
-        """The request's place in the queue (``None`` once dispatched), and how many wait."""
-        return self.scheduler.position(lease.ticket), self.scheduler.statistics().waiting
+        """The request's 1-based place in the queue (``None`` once dispatched), and how
+        many wait."""
+        order = self.queue_order()
+        return (order.index(lease.id) + 1 if lease.id in order else None), len(order)
 
     @asynccontextmanager
     async def acquire(

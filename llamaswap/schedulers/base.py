@@ -217,7 +217,8 @@ class Scheduler(Protocol):
         leave this scheduler, oldest first, with no decision about them. What is loading
         or serving stays here until it is done."""
 
-    def position(self, ticket: Ticket) -> int | None:
-        """1-based place among the queued requests in pick order; ``None`` once dispatched."""
+    def queued(self) -> list[Ticket]:
+        """Every request not yet dispatched, in the order it would serve them as things
+        stand now (for positions, the queue view and the events; O(n log n))."""
 
     def statistics(self) -> SchedulerStatistics: ...

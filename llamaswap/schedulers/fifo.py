@@ -113,10 +113,8 @@ class FifoScheduler:
 
     # ------------------------------------------------------------------ views
 
-    def position(self, ticket: Ticket) -> int | None:
-        if ticket not in self._queue:
-            return None
-        return self._queue.ordered().index(ticket) + 1
+    def queued(self) -> list[Ticket]:
+        return self._queue.ordered()
 
     def statistics(self) -> SchedulerStatistics:
         ledger = self._ledger

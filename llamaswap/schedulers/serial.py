@@ -111,10 +111,6 @@ class _Lanes:
         self._count -= 1
         return True
 
-    def queued(self, ticket: Ticket) -> bool:
-        lane = self.lanes.get(ticket.model)
-        return lane is not None and ticket in lane.by_score
-
     def pop_best(self, model: str) -> Ticket | None:
         """The best-scored request for ``model``, taken out; None if none waits."""
         lane = self.lanes.get(model)
@@ -289,13 +285,13 @@ class SerialScheduler:
 
     # ------------------------------------------------------------------ views
 
-    def position(self, ticket: Ticket) -> int | None:
-        if not self._lanes.queued(ticket):
-            return None
+    def queued(self) -> list[Ticket]:
+        # The slot holder waiting for a busy model to drain goes first; then the pick order.
+        holder = self._holder
+        first = [holder] if holder is not None and holder.state is TicketState.QUEUED else []
         affinity = self._affinities()
-        rank = self._rank(ticket, affinity[ticket.model])
-        ahead = [t for t in self._lanes if self._rank(t, affinity[t.model]) > rank]
-        return 1 + len(ahead)
+        ranked = sorted(self._lanes, key=lambda t: self._rank(t, affinity[t.model]), reverse=True)
+        return first + ranked
 
     def statistics(self) -> SchedulerStatistics:
         ledger = self._ledger

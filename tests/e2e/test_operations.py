@@ -48,6 +48,7 @@ FIELDS = {
     "started",
     "client",
     "route",
+    "position",
 }
 
 
@@ -115,6 +116,7 @@ async def test_a_queued_request_is_listed_and_cancelled(
                 entry = await wait_for_request(client, "alpha", "queued")
                 seen = time.time()
                 assert entry["route"] == "POST /v1/chat/completions"
+                assert entry["position"] == 1  # the only one waiting
                 assert re.fullmatch(r"127\.0\.0\.1:\d+", entry["client"])
                 assert (entry["priority"], entry["band"], entry["score"]) == (-100, "batch", None)
                 assert before - 0.01 <= wall(entry["started"]) <= seen
@@ -123,6 +125,7 @@ async def test_a_queued_request_is_listed_and_cancelled(
                 # Oldest first; a queued request's wait grows, a served one's is fixed.
                 serving, later = await inflight(client)
                 assert (serving["model"], serving["state"]) == ("beta", "serving")
+                assert serving["position"] is None
                 assert serving["id"] < entry["id"] == later["id"]
                 assert later["waited_ms"] > entry["waited_ms"]
                 assert (await inflight(client))[0]["waited_ms"] == serving["waited_ms"]

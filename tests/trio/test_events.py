@@ -284,6 +284,7 @@ async def test_queue_events_follow_the_depth(
         {"depth": 1, "oldest_wait_ms": 0.0},
     ]
     assert [event["waiting"] for event in queued] == [0, 1]
+    assert [len(event["order"]) for event in queued] == [0, 1]  # b's ID, waiting
     # 'a' released and 'b' dispatched (its load, evicting 'a'), then 'b' granted.
     assert [(event["waiting"], event["loading"]) for event in after] == [(0, 1), (0, 0)]
     assert [event["bands"]["batch"]["depth"] for event in after] == [0, 0]

@@ -74,6 +74,7 @@ def test_inflight_entry_waits_until_dispatch() -> None:
         "started": "2025-12-31T23:59:50.000Z",
         "client": "127.0.0.1:5123",
         "route": "POST /v1/chat/completions",
+        "position": None,
     }
     serving = inflight_entry(
         info(arrival=990.0, dispatched_at=990.25, state="serving"), now=1000.0, wall_now=WALL
