@@ -4,6 +4,8 @@ Task tree::
 
     serve                               the root nursery
     ├── open_lifeline                   guard process: models die with llamaswap
+    ├── ActivityWriter.run              with [store]: activity records to SQLite, in batches
+    │                                   (in a nursery around the rest: it stops last)
     ├── EventHub.run                    the coalesced events of /api/events (the queue)
     ├── Router.run                      supervisors (one task per model) + swap nursery
     ├── hypercorn.trio.serve            one task per connection, the Application per request
@@ -13,13 +15,15 @@ Task tree::
 
 Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
 to ``unloadTimeout`` to finish, cancel those still running with a clear 503, stop every
-model (polite, then SIGKILL), return.
+model (polite, then SIGKILL), write the activity records still buffered, return.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+from collections.abc import AsyncIterator
 from functools import partial
 
 import hypercorn.config
@@ -28,7 +32,14 @@ import trio
 
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import RequestError
-from llamaswap.observability import EventHub, Logs, capture_logs
+from llamaswap.observability import (
+    ActivityLog,
+    ActivityStore,
+    ActivityWriter,
+    EventHub,
+    Logs,
+    capture_logs,
+)
 from llamaswap.process import HttpProbe, LogRing, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
@@ -83,6 +94,19 @@ async def _end_live_streams(hub: EventHub, logs: Logs) -> None:
         await logs.drained()
 
 
+@contextlib.asynccontextmanager
+async def _writing(writer: ActivityWriter | None) -> AsyncIterator[None]:
+    """Runs ``writer`` (if any) around the block: when the block is over, every request
+    has finished and been recorded, and cancelling the writer writes what is left."""
+    if writer is None:
+        yield
+        return
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        yield
+        nursery.cancel_scope.cancel(reason="shut down: every request is recorded")
+
+
 async def serve(
     config: Config,
     *,
@@ -96,10 +120,25 @@ async def serve(
     ``config_path`` is the file SIGHUP and ``POST /api/config/reload`` reload from (and,
     with ``watch_config``, reload whenever it changes). ``task_status.started`` receives
     the URL served, once requests are accepted.
+
+    Raises:
+        ConfigError: ``store.path`` cannot be opened as the activity store.
     """
+    activity = ActivityLog()
+    store = writer = None
+    if config.store is not None:
+        store = ActivityStore.from_config(config.store)
+        first_id = await trio.to_thread.run_sync(
+            partial(store.open, config_file=config_path or "<config>")
+        )
+        logger.info("activity log kept in %s (records from #%d on are new)", store.path, first_id)
+        activity = ActivityLog(first_id=first_id)
+        writer = ActivityWriter(store)
+        activity.add_listener(writer.put)
     own_log = LogRing()
     async with (
         capture_logs(own_log),  # llamaswap's own log, for /logs (removed when serve ends)
+        _writing(writer),  # before anything that records, stopped after all of it
         open_lifeline() as lifeline,
         # No read or write timeout: a slow first token or a long pause is normal.
         UpstreamPool(connect_timeout=10.0) as pool,
@@ -108,7 +147,16 @@ async def serve(
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
         hub = EventHub()
         logs = Logs(own_log, lambda: {m: s.log for m, s in router.supervisors.items()})
-        app = create_app(config, router, pool, config_path=config_path, hub=hub, logs=logs)
+        app = create_app(
+            config,
+            router,
+            pool,
+            config_path=config_path,
+            hub=hub,
+            logs=logs,
+            activity=activity,
+            store=store,
+        )
         await nursery.start(hub.run)
         await nursery.start(router.run)
         stop_accepting = trio.Event()

@@ -27,6 +27,7 @@ from .model import Routing as Routing
 from .model import SchedulerSection as SchedulerSection
 from .model import SchedulerSettings as SchedulerSettings
 from .model import SerialSettings as SerialSettings
+from .model import StoreConfig as StoreConfig
 from .model import toml_key as toml_key
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "SchedulerSection",
     "SchedulerSettings",
     "SerialSettings",
+    "StoreConfig",
     "expand_sets",
     "load_config",
     "loads_config",

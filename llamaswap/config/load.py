@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import cattrs
 import tomli
 from cattrs.errors import ClassValidationError
@@ -73,11 +74,15 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except UnicodeDecodeError as exc:
         problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
         raise ConfigError(file, [problem]) from exc
-    return loads_config(text, file=file)
+    return loads_config(text, file=file, directory=os.path.dirname(os.path.abspath(file)))
 
 
 def loads_config(
-    text: str, *, file: str = "<config>", environ: Mapping[str, str] | None = None
+    text: str,
+    *,
+    file: str = "<config>",
+    environ: Mapping[str, str] | None = None,
+    directory: str | None = None,
 ) -> Config:
     """Parse, expand and validate configuration text.
 
@@ -85,6 +90,8 @@ def loads_config(
         text: the TOML document.
         file: the name used in error messages.
         environ: the variables ``${env.NAME}`` reads; defaults to ``os.environ``.
+        directory: what a relative ``store.path`` is relative to (``load_config`` passes
+            the file's directory); ``None`` leaves it relative to the working directory.
 
     Returns:
         The validated configuration.
@@ -105,7 +112,17 @@ def loads_config(
     problems = _merge(expanding, structuring, checking)
     if problems or config is None:
         raise ConfigError(file, problems)
-    return config
+    return _resolve_store_path(config, directory)
+
+
+def _resolve_store_path(config: Config, directory: str | None) -> Config:
+    """``store.path`` with ``~`` expanded and, given a ``directory``, made absolute."""
+    if config.store is None:
+        return config
+    path = os.path.expanduser(config.store.path)
+    if directory is not None:
+        path = os.path.normpath(os.path.join(directory, path))  # an absolute path stays
+    return attrs.evolve(config, store=attrs.evolve(config.store, path=path))
 
 
 def _parse_toml(text: str, file: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ __all__ = [
     "SchedulerSection",
     "SchedulerSettings",
     "SerialSettings",
+    "StoreConfig",
     "key",
     "toml_key",
     "within",
@@ -62,6 +63,8 @@ EVICT_COST = Bounds(1, 1_000_000, "a cost")
 FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 #: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
 AGING_DIVISOR = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no aging")
+STORE_MAX_ROWS = Bounds(1, 10_000_000, "a number of records")
+STORE_MAX_AGE = Bounds(60, 315_360_000, "a duration", "seconds", "1 minute to 3650 days")
 
 # How long a client may take to send its request: the proxy's own limits, not TOML keys.
 # Waiting for an answer is never limited (a queued request, a load, a long generation).
@@ -217,6 +220,19 @@ class PeerConfig:
 
 
 @attrs.frozen
+class StoreConfig:
+    """``[store]``: keep the activity log in a SQLite file, across restarts.
+
+    ``path`` is absolute once ``load_config`` has read the file: a relative path is relative
+    to the config file's directory, and ``~`` is the user's home.
+    """
+
+    path: str
+    max_rows: int = attrs.field(default=100_000, metadata=within(STORE_MAX_ROWS))
+    max_age: float = attrs.field(default=30 * 86_400.0, metadata=within(STORE_MAX_AGE))
+
+
+@attrs.frozen
 class Config:
     """A whole, validated configuration file."""
 
@@ -234,6 +250,7 @@ class Config:
     routing: Routing = Routing()
     hooks: Hooks = Hooks()
     peers: Mapping[str, PeerConfig] = attrs.field(factory=dict)
+    store: StoreConfig | None = None
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

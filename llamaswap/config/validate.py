@@ -57,6 +57,7 @@ def validate(
     for index, name in enumerate(config.hooks.on_startup.preload):
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
     _check_peers(config, problems)
+    _check_store(config, problems)
     return _cap_bonus(config, problems), problems
 
 
@@ -219,6 +220,16 @@ def _check_peers(config: Config, problems: list[Problem]) -> None:
         for index, name in enumerate(peer.models):
             if not name:
                 problems.append(Problem((*base, "models", index), "expected a model name, got ''"))
+
+
+def _check_store(config: Config, problems: list[Problem]) -> None:
+    if config.store is None or "${" in config.store.path:
+        return  # no store, or a macro left unexpanded (reported where expanding it failed)
+    path = config.store.path
+    if not path.strip():
+        problems.append(Problem(("store", "path"), "expected the path of a SQLite file, got ''"))
+    elif "\0" in path:
+        problems.append(Problem(("store", "path"), "a file path cannot contain a NUL character"))
 
 
 def _cap_bonus(config: Config, problems: list[Problem]) -> Config:

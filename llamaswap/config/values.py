@@ -39,8 +39,8 @@ DURATION_HINT = 'expected a number of seconds or a duration like "90s"'
 #: argument over 128 KiB anyway, and splitting a string this long already takes ~50 ms.
 MAX_COMMAND_LENGTH = 65_536
 
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d)")
 _PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
 
 
@@ -167,7 +167,8 @@ def parse_bool(value: object) -> bool:
 def parse_duration(value: object) -> float:
     """Seconds, from a number or a string such as ``"500ms"``, ``"90s"``, ``"2m"``, ``"1m30s"``.
 
-    Units are ``ms``, ``s``, ``m`` and ``h``; several may be joined (``"1h30m"``). A string
+    Units are ``ms``, ``s``, ``m``, ``h`` and ``d`` (days); several may be joined
+    (``"1h30m"``, ``"1d12h"``). A string
     holding only a number counts as seconds. The result must be finite and not negative.
 
     Raises:

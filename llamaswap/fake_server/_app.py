@@ -204,6 +204,7 @@ class FakeServer:
         body = await self._read_json(receive)
         if body is None:
             return
+        received = trio.current_time()  # "prompt processing" starts: timings measure from here
         job = self._completion(kind, body)
         options = self.options
         if (
@@ -211,13 +212,18 @@ class FakeServer:
             and options.tokens_per_second == 0
             and options.crash_after_tokens is None
         ):
-            await self._json(send, 200, job.response())  # the fast path: nothing to wait for
+            # The fast path: nothing to wait for.
+            started = trio.current_time()
+            document = job.response()
+            ended = trio.current_time()
+            document["timings"] = job.timings(started - received, ended - started)
+            await self._json(send, 200, document)
             return
         work = self._stream if job.stream else self._respond_when_done
         progress = _Progress()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_disconnect, receive, progress, nursery.cancel_scope)
-            await work(send, job, progress)
+            await work(send, job, progress, received)
             nursery.cancel_scope.cancel()
         if progress.disconnected:
             say(f"client disconnected after {progress.tokens} tokens")
@@ -285,7 +291,9 @@ class FakeServer:
             complain(f"fake_server: crashing after {tokens} tokens (--crash-after-tokens)")
             os._exit(3)
 
-    async def _stream(self, send: ASGISendCallable, job: Completion, progress: _Progress) -> None:
+    async def _stream(
+        self, send: ASGISendCallable, job: Completion, progress: _Progress, received: float
+    ) -> None:
         headers = self._headers(b"text/event-stream")
         headers.append((b"cache-control", b"no-cache"))
         start: HTTPResponseStartEvent = {
@@ -302,16 +310,12 @@ class FakeServer:
             chunk = job.chunk(index, piece)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             progress.tokens = index + 1
-        tail = job.chunk(job.tokens, None)
-        if job.include_usage:
-            tail += job.usage_chunk()
+        tail = job.tail(job.timings(started - received, trio.current_time() - started))
         progress.complete = True
-        await send(
-            {"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False}
-        )
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _respond_when_done(
-        self, send: ASGISendCallable, job: Completion, progress: _Progress
+        self, send: ASGISendCallable, job: Completion, progress: _Progress, received: float
     ) -> None:
         """Take as long as streaming would have, then answer in one piece."""
         crash_at = self.options.crash_after_tokens
@@ -326,4 +330,6 @@ class FakeServer:
             progress.tokens = min(job.tokens, int(elapsed * self.options.tokens_per_second))
         progress.tokens = job.tokens
         progress.complete = True
-        await self._json(send, 200, job.response())
+        document = job.response()
+        document["timings"] = job.timings(started - received, trio.current_time() - started)
+        await self._json(send, 200, document)

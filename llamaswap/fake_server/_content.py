@@ -26,6 +26,7 @@ _WORDS: Final = (
 )  # fmt: skip
 
 _JSON_SEPARATORS: Final = (",", ":")
+DONE: Final = b"data: [DONE]\n\n"
 
 
 def dumps(obj: object) -> bytes:
@@ -156,8 +157,33 @@ class Completion:
             choice.update(text=text, logprobs=None)
         return {**self._envelope([choice], chunk=False), "usage": self.usage(self.tokens)}
 
-    def chunk(self, index: int, piece: str | None) -> bytes:
-        """The SSE event for token ``index``; ``piece=None`` is the closing finish_reason chunk."""
+    def timings(self, prompt_seconds: float, predicted_seconds: float) -> dict[str, Any]:
+        """llama-server's ``timings`` for ``prompt_seconds`` spent before the first token
+        and ``predicted_seconds`` generating all of them."""
+        return {
+            **_phase("prompt", self.prompt_tokens, prompt_seconds),
+            **_phase("predicted", self.tokens, predicted_seconds),
+        }
+
+    def tail(self, timings: dict[str, Any]) -> bytes:
+        """The events after the last token: the ``finish_reason`` chunk, the usage chunk
+        when asked for, then ``[DONE]``; ``timings`` ride on the last chunk, as in
+        llama-server."""
+        finish = self._envelope([self._choice(self.tokens, None)], chunk=True)
+        chunks = [finish]
+        if self.include_usage:
+            chunks.append({**self._envelope([], chunk=True), "usage": self.usage(self.tokens)})
+        chunks[-1]["timings"] = timings
+        return b"".join(b"data: " + dumps(chunk) + b"\n\n" for chunk in chunks) + DONE
+
+    def chunk(self, index: int, piece: str) -> bytes:
+        """The SSE event for token ``index``."""
+        return (
+            b"data: " + dumps(self._envelope([self._choice(index, piece)], chunk=True)) + b"\n\n"
+        )
+
+    def _choice(self, index: int, piece: str | None) -> dict[str, Any]:
+        """Token ``index``'s choice; ``piece=None``: the closing ``finish_reason`` one."""
         choice: dict[str, Any] = {"index": 0}
         if self.kind == "chat":
             delta: dict[str, str] = {} if piece is None else {"content": piece}
@@ -167,9 +193,16 @@ class Completion:
         else:
             choice.update(text=piece or "", logprobs=None)
         choice["finish_reason"] = self.finish_reason if piece is None else None
-        return b"data: " + dumps(self._envelope([choice], chunk=True)) + b"\n\n"
+        return choice
 
-    def usage_chunk(self) -> bytes:
-        envelope = self._envelope([], chunk=True)
-        envelope["usage"] = self.usage(self.tokens)
-        return b"data: " + dumps(envelope) + b"\n\n"
+
+def _phase(name: str, tokens: int, seconds: float) -> dict[str, Any]:
+    """One phase of llama-server's ``timings``: ``NAME_n``, ``NAME_ms``,
+    ``NAME_per_token_ms`` and ``NAME_per_second``."""
+    seconds = max(seconds, 1e-6)  # never a division by zero, even on a coarse clock
+    return {
+        f"{name}_n": tokens,
+        f"{name}_ms": round(seconds * 1000, 3),
+        f"{name}_per_token_ms": round(seconds * 1000 / tokens, 3) if tokens else 0.0,
+        f"{name}_per_second": round(tokens / seconds, 3),
+    }

@@ -1,13 +1,21 @@
-"""Token counts from a response as it streams past: ``usage`` in JSON or in the last SSE events.
+"""What a response reports about itself, read as it streams past: token counts (``usage``)
+and llama.cpp's token speeds (``timings``), in JSON or in the last SSE events.
 
 The tap sees every chunk but keeps little: a JSON body up to ``JSON_LIMIT`` bytes, or the
-last ``SSE_TAIL`` bytes of an event stream (``usage`` travels in the final chunks, just
-before ``data: [DONE]``). Parsing happens once, at the end.
+last ``SSE_TAIL`` bytes of an event stream (``usage`` and ``timings`` travel in the final
+chunks, just before ``data: [DONE]``). Parsing happens once, at the end.
+
+llama-server (llama.cpp) adds ``timings`` to a whole JSON answer, and to the last chunk of
+a stream::
+
+    "timings": {"prompt_n": 12, "prompt_ms": 35.2, "prompt_per_second": 340.9,
+                "predicted_n": 64, "predicted_ms": 1502.4, "predicted_per_second": 42.6, ...}
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, final
 
 import attrs
@@ -22,6 +30,10 @@ SSE_TAIL = 16 * 1024
 class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: llama.cpp's ``timings.prompt_per_second``: how fast the prompt was read.
+    prompt_tokens_per_second: float | None = None
+    #: llama.cpp's ``timings.predicted_per_second``: how fast tokens were generated.
+    generation_tokens_per_second: float | None = None
 
 
 @final
@@ -45,15 +57,21 @@ class UsageTap:
 
     def usage(self) -> Usage:
         if self._sse:
+            # The last event that has each: a stream may send usage and timings apart.
+            counts = speeds = None
             for line in reversed(self._buffer.split(b"\n")):
-                if line.startswith(b"data:") and b'"usage"' in line:
-                    found = _usage(_loads(line[5:]))
-                    if found is not None:
-                        return found
-        elif self._json and not self._overflow:
-            found = _usage(_loads(bytes(self._buffer)))
-            if found is not None:
-                return found
+                if not line.startswith(b"data:"):
+                    continue
+                if counts is None and b'"usage"' in line:
+                    counts = _counts(_loads(line[5:]))
+                if speeds is None and b'"timings"' in line:
+                    speeds = _speeds(_loads(line[5:]))
+                if counts is not None and speeds is not None:
+                    break
+            return _usage(counts, speeds)
+        if self._json and not self._overflow:
+            document = _loads(bytes(self._buffer))
+            return _usage(_counts(document), _speeds(document))
         return Usage()
 
 
@@ -64,7 +82,15 @@ def _loads(data: bytes | bytearray) -> Any:
         return None
 
 
-def _usage(document: Any) -> Usage | None:
+def _usage(
+    counts: tuple[int | None, int | None] | None, speeds: tuple[float | None, float | None] | None
+) -> Usage:
+    prompt, completion = counts or (None, None)
+    prompt_speed, generation_speed = speeds or (None, None)
+    return Usage(prompt, completion, prompt_speed, generation_speed)
+
+
+def _counts(document: Any) -> tuple[int | None, int | None] | None:
     if not isinstance(document, dict):
         return None
     usage = document.get("usage")
@@ -73,7 +99,31 @@ def _usage(document: Any) -> Usage | None:
     # OpenAI names them prompt/completion tokens; Anthropic input/output tokens.
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    return Usage(
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
+    return (
+        prompt if _is_int(prompt) else None,
+        completion if _is_int(completion) else None,
     )
+
+
+def _speeds(document: Any) -> tuple[float | None, float | None] | None:
+    if not isinstance(document, dict):
+        return None
+    timings = document.get("timings")
+    if not isinstance(timings, dict):
+        return None
+    return _rate(timings.get("prompt_per_second")), _rate(timings.get("predicted_per_second"))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _rate(value: object) -> float | None:
+    """A tokens-per-second figure: a finite number, 0 or more (JSON may say anything)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        rate = float(value)
+    except OverflowError:  # an integer beyond a float's range
+        return None
+    return rate if math.isfinite(rate) and rate >= 0 else None

@@ -26,7 +26,14 @@ from werkzeug.exceptions import HTTPException
 from llamaswap.config.model import REQUEST_BODY_TIMEOUT, Config
 from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from llamaswap.observability import ActivityLog, EventHub, Logs, Metrics
+from llamaswap.observability import (
+    ActivityLog,
+    ActivityQuery,
+    ActivityStore,
+    EventHub,
+    Logs,
+    Metrics,
+)
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.names import Local
@@ -147,12 +154,17 @@ def create_app(
     config_path: str | None = None,
     hub: EventHub | None = None,
     logs: Logs | None = None,
+    activity: ActivityLog | None = None,
+    store: ActivityStore | None = None,
 ) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
 
     ``config_path``: the file a reload (``POST /api/config/reload``, SIGHUP) reads.
     ``hub`` and ``logs``: the running event hub and logs for the live routes
     (``proxy/live.py``); without them, idle ones are made (no coalesced events).
+    ``activity``: the log finished requests are recorded in (a new one by default);
+    ``store``: the opened SQLite store that ``GET /api/activity`` reads as well (its
+    writer, listening to ``activity``, is ``serve()``'s).
     """
     metrics = Metrics(router)
     router.add_listener(metrics.on_model_state)
@@ -166,7 +178,9 @@ def create_app(
             hub.publish_reload(result.to_json())
 
         reloader = Reloader(config_path, router, reloaded)
-    recorder = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+    if activity is None:
+        activity = ActivityLog()
+    recorder = Recorder(activity, metrics, lambda: router.scheduler.name)
     quart = QuartTrio("llamaswap")
     # Generations may stream for many minutes: Quart's 60 s defaults would cut them.
     quart.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None, MAX_CONTENT_LENGTH=None)
@@ -318,12 +332,12 @@ def create_app(
         return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
 
     @quart.get("/api/activity")
-    async def activity() -> Response:
-        try:
-            limit = int(request.args.get("limit", "100"))
-        except ValueError:
-            raise BadRequest("limit must be an integer", param="limit") from None
-        records = recorder.activity.recent(max(0, limit), request.args.get("model"))
+    async def activity_log() -> Response:
+        query = ActivityQuery.from_args(request.args.to_dict(flat=False))
+        if store is None:
+            records = recorder.activity.select(query)
+        else:
+            records = await store.select(query, recorder.activity)
         return _json({"activity": [record.to_json() for record in records]})
 
     register(quart, router)

@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, UsageTap
+from llamaswap.observability.activity import iso_time
 from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
 
@@ -65,7 +66,7 @@ class Recorder:
             metadata.update(ticket.metadata)
         record = ActivityRecord(
             id=self.activity.next_id(),
-            time=exchange.wall_time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            time=iso_time(exchange.wall_time),
             model=exchange.model,
             method=exchange.method,
             path=exchange.path,
@@ -80,6 +81,10 @@ class Recorder:
             completion_tokens=None if usage is None else usage.completion_tokens,
             error=exchange.error,
             metadata=metadata,
+            prompt_tokens_per_second=None if usage is None else usage.prompt_tokens_per_second,
+            generation_tokens_per_second=(
+                None if usage is None else usage.generation_tokens_per_second
+            ),
         )
         self.activity.add(record)
         metrics = self.metrics

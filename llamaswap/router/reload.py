@@ -18,8 +18,8 @@ from llamaswap.config.model import Config, ModelConfig, toml_key
 __all__ = ["ConfigChanges", "diff_config", "process_definition"]
 
 #: Top-level keys whose change only takes effect when llamaswap starts again (the startup
-#: hook's preload list runs once, at start).
-_AT_START = {"hooks"}
+#: hook's preload list runs once, at start; the activity store is opened once, at start).
+_AT_START = {"hooks", "store"}
 
 
 def process_definition(model: ModelConfig) -> tuple[Any, ...]:
