@@ -13,7 +13,7 @@ import trio
 from llamaswap._serve import serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
-from llamaswap.errors import ConfigError
+from llamaswap.errors import ConfigError, LlamaSwapError
 from llamaswap.router.swappers import make_swapper
 
 __all__ = ["check_config", "main"]
@@ -80,15 +80,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=logging.WARNING if level == "warn" else level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # --log-level debug is about llamaswap and its models, not every byte httpx moves.
-    for library in ("httpx", "httpcore", "hpack"):
-        logging.getLogger(library).setLevel(logging.WARNING)
+    # --log-level debug is about llamaswap and its models, not every HTTP/2 header.
+    logging.getLogger("hpack").setLevel(logging.WARNING)
     try:
         make_swapper(config)
     except NotImplementedError as exc:
         print(f"{options.config}: {exc}", file=sys.stderr)
         sys.exit(2)
-    trio.run(_run, config, options)
+    try:
+        trio.run(_run, config, options)
+    except BaseException as exc:
+        # The one boundary where a failure to start (an unusable store.path, no lifeline)
+        # leaves its ExceptionGroups: say it plainly, as an invalid config is said.
+        error = _our_error(exc)
+        if error is None:
+            raise
+        print(f"llamaswap: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _our_error(exc: BaseException) -> LlamaSwapError | None:
+    """The LlamaSwapError that ``exc`` is, or is the only leaf of (through groups)."""
+    inner: Sequence[BaseException] = getattr(exc, "exceptions", ())  # an (exception) group
+    while len(inner) == 1:
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", ())
+    return exc if isinstance(exc, LlamaSwapError) else None
 
 
 async def _run(config: Config, options: argparse.Namespace) -> None:

@@ -137,8 +137,9 @@ async def test_a_store_that_cannot_be_opened_stops_the_start(tmp_path: Path) -> 
             argv, capture_stdout=True, capture_stderr=True, check=False,
             env=child_env(uuid.uuid4().hex), cwd=REPO,
         )  # fmt: skip
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert b"listening on" not in result.stdout
+    assert b"Traceback" not in result.stderr
     expected = (
         f"{path}: store.path: cannot use {str(tmp_path / 'missing' / 'activity.db')!r} as the "
         "activity store: unable to open database file"
