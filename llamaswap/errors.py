@@ -12,6 +12,7 @@
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
         ├── ConcurrencyLimit        429  the model already has ``concurrencyLimit`` requests
+        ├── QueueFull               429  ``serial``: ``maxQueued`` requests already wait
         ├── RequestCancelled        499  an operator cancelled it (POST /api/inflight/ID/cancel)
         ├── ModelStartFailed        502  the model exited or timed out while starting
         ├── UpstreamError           502  the model server refused or broke the connection
@@ -44,6 +45,7 @@ __all__ = [
     "ModelNotFound",
     "ModelStartFailed",
     "ModelUnloaded",
+    "QueueFull",
     "RequestCancelled",
     "RequestError",
     "ShuttingDown",
@@ -157,6 +159,17 @@ class RequestCancelled(RequestError):
         super().__init__(
             f"request #{request_id} was cancelled by an operator, via the API "
             f"(POST /api/inflight/{request_id}/cancel)"
+        )
+
+
+class QueueFull(RequestError):
+    """Under ``serial``, ``maxQueued`` requests already wait (across every model)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            f"the queue is full: {limit} requests already wait "
+            "(routing.scheduler.settings.serial.maxQueued); retry later"
         )
 
 

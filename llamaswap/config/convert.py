@@ -177,7 +177,7 @@ def _bounded_hook(field: attrs.Attribute[Any]) -> Hook | None:
         return None
     if field.type is float:
         return lambda value, _: parse_duration_in(value, bounds)
-    if field.type is int:
+    if field.type is int or get_args(field.type) == (int, type(None)):  # TOML has no null
         return lambda value, _: parse_int_in(value, bounds)
     if get_args(field.type) == (str, int):
         return lambda value, _: parse_int_table(value, bounds)

@@ -47,7 +47,10 @@ __all__ = [
 
 DEFAULT_PROXY = "http://127.0.0.1:${PORT}"
 DEFAULT_START_PORT = 5800
+#: ``concurrencyLimit`` under ``fifo`` when a model does not set it (``serial`` has none).
 DEFAULT_CONCURRENCY_LIMIT = 10
+#: ``serial.maxQueued``: requests waiting across all models before 429.
+DEFAULT_MAX_QUEUED = 100_000
 CHECK_NONE = "none"
 #: ``swapAffinityBonus`` stays below a band's width (100), so affinity never crosses a band.
 MAX_SWAP_AFFINITY_BONUS = 99
@@ -59,6 +62,7 @@ UNLOAD_TIMEOUT = Bounds(0, 3_600, "a duration", "seconds", "1 hour")
 START_PORT = Bounds(1, 65_535, "a port")
 MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
+MAX_QUEUED = Bounds(1, 10_000_000, "a number of requests")
 EVICT_COST = Bounds(1, 1_000_000, "a cost")
 FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 #: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
@@ -123,9 +127,8 @@ class ModelConfig:
     description: str | None = None
     unlisted: bool = False
     use_model_name: str | None = None
-    concurrency_limit: int = attrs.field(
-        default=DEFAULT_CONCURRENCY_LIMIT, metadata=within(CONCURRENCY_LIMIT)
-    )
+    #: None: not set (``fifo`` then uses DEFAULT_CONCURRENCY_LIMIT; ``serial`` queues).
+    concurrency_limit: int | None = attrs.field(default=None, metadata=within(CONCURRENCY_LIMIT))
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     send_loading_state: bool = False
@@ -180,6 +183,7 @@ class FifoSettings:
 class SerialSettings:
     aging_divisor: float = attrs.field(default=60.0, metadata=within(AGING_DIVISOR))
     swap_affinity_bonus: int = 10
+    max_queued: int = attrs.field(default=DEFAULT_MAX_QUEUED, metadata=within(MAX_QUEUED))
 
 
 @attrs.frozen

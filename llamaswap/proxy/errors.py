@@ -13,6 +13,7 @@ from llamaswap.errors import (
     ModelNotFound,
     ModelStartFailed,
     ModelUnloaded,
+    QueueFull,
     RequestCancelled,
     RequestError,
     ShuttingDown,
@@ -35,6 +36,7 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
     MethodNotAllowed: (405, "invalid_request_error", "method_not_allowed", ()),
     BodyTooLarge: (413, "invalid_request_error", "request_too_large", ()),
     ConcurrencyLimit: (429, "rate_limit_error", "concurrency_limit", (("retry-after", "1"),)),
+    QueueFull: (429, "rate_limit_error", "queue_full", (("retry-after", "1"),)),
     # 499 (nginx's "client closed request", gRPC's CANCELLED): a 4xx, so client SDKs do
     # not send the request again on their own, as they would after a 503.
     RequestCancelled: (499, "server_error", "request_cancelled", ()),

@@ -60,5 +60,6 @@ def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
             limits=limits(config),
             aging_divisor=serial.aging_divisor,
             swap_affinity_bonus=serial.swap_affinity_bonus,
+            max_queued=serial.max_queued,
         )
     return FifoScheduler(world, swapper, limits=limits(config), priorities=fifo_priorities(config))

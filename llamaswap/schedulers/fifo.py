@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import final
 
-from llamaswap.config.model import Config
+from llamaswap.config.model import DEFAULT_CONCURRENCY_LIMIT, Config
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
@@ -52,7 +52,7 @@ class FifoScheduler:
         limits: Mapping[str, int],
         priorities: Mapping[str, int] | None = None,
     ) -> None:
-        self._ledger = Ledger(world, swapper, limits)
+        self._ledger = Ledger(world, swapper, limits, default_limit=DEFAULT_CONCURRENCY_LIMIT)
         self._priorities = dict(priorities or {})
         self._queue: PriorityWaitQueue[Ticket] = PriorityWaitQueue()
 

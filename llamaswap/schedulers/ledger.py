@@ -10,7 +10,8 @@ statistics — is written once.
 **Invariants** (checked by the tests of both schedulers):
 
 * ``admitted[m]`` = the requests for ``m`` queued + loading + serving; a request beyond
-  ``concurrencyLimit`` is refused before anything is sent (429).
+  the model's limit (its ``concurrencyLimit``, else the scheduler's default, if any) is
+  refused before anything is sent (429).
 * A model with requests in flight is never evicted. In flight is the router's count
   (``World.in_flight``) plus the grants decided in this event and not yet applied.
 * One active swap per target model; every ticket in ``LOADING`` is a waiter of the swap
@@ -25,7 +26,6 @@ from typing import Protocol, final
 
 import attrs
 
-from llamaswap.config.model import DEFAULT_CONCURRENCY_LIMIT
 from llamaswap.errors import ConcurrencyLimit, ModelUnloaded, RequestError
 from llamaswap.process.state import ModelState
 
@@ -80,8 +80,16 @@ class Plan:
 
 @final
 class Ledger:
-    def __init__(self, world: World, swapper: Swapper, limits: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        world: World,
+        swapper: Swapper,
+        limits: Mapping[str, int],
+        *,
+        default_limit: int | None = None,
+    ) -> None:
         self.configure(swapper, limits)
+        self.default_limit = default_limit  # for a model with no limit of its own
         self.world = world
         #: The tickets admitted per model (a set: releasing one it never admitted, such as
         #: another scheduler's after a reload switched them, changes nothing).
@@ -109,9 +117,9 @@ class Ledger:
         """Count ``ticket`` in, or raise (429, or the shutdown error) before any byte."""
         if self.closed is not None:
             raise self.closed
-        limit = self.limits.get(ticket.model, DEFAULT_CONCURRENCY_LIMIT)
+        limit = self.limits.get(ticket.model, self.default_limit)
         admitted = self.admitted.setdefault(ticket.model, set())
-        if len(admitted) >= limit:
+        if limit is not None and len(admitted) >= limit:
             raise ConcurrencyLimit(ticket.model, limit)
         admitted.add(ticket)
 

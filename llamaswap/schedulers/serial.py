@@ -56,8 +56,8 @@ from typing import final
 
 import attrs
 
-from llamaswap.config.model import MAX_SWAP_AFFINITY_BONUS, Config
-from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.config.model import DEFAULT_MAX_QUEUED, MAX_SWAP_AFFINITY_BONUS, Config
+from llamaswap.errors import ModelUnloaded, QueueFull, RequestError
 from llamaswap.process.state import ModelState
 
 from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, TicketState, World
@@ -130,6 +130,10 @@ class SerialScheduler:
         limits: ``concurrencyLimit`` per model ID.
         aging_divisor: seconds per aging point; 0 disables aging.
         swap_affinity_bonus: points for a request whose model is ready; capped at 99.
+        max_queued: requests that may wait at once, across every model; beyond, 429.
+
+    A model has no ``concurrencyLimit`` unless it sets one: serial exists to queue a burst
+    and serve it by score, not to refuse it.
     """
 
     name = "serial"
@@ -142,16 +146,18 @@ class SerialScheduler:
         limits: Mapping[str, int],
         aging_divisor: float = 60.0,
         swap_affinity_bonus: int = 10,
+        max_queued: int = DEFAULT_MAX_QUEUED,
     ) -> None:
         self._ledger = Ledger(world, swapper, limits)
         self._world = world
-        self._configure(aging_divisor, swap_affinity_bonus)
+        self._configure(aging_divisor, swap_affinity_bonus, max_queued)
         self._lanes = _Lanes()
         self._holder: Ticket | None = None
         self.aging_changed_picks = 0
         self.affinity_changed_picks = 0
 
-    def _configure(self, aging_divisor: float, swap_affinity_bonus: int) -> None:
+    def _configure(self, aging_divisor: float, swap_affinity_bonus: int, max_queued: int) -> None:
+        self._max_queued = max_queued
         self._divisor = aging_divisor
         self._divisor_ns = _ns(aging_divisor)
         self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
@@ -197,9 +203,12 @@ class SerialScheduler:
     # ----------------------------------------------------------------- events
 
     def on_request(self, ticket: Ticket) -> list[Decision]:
+        page = not ticket.needs_slot and self._may_skip_slot(ticket.model)
+        if not page and len(self._lanes) >= self._max_queued:
+            raise QueueFull(self._max_queued)
         self._ledger.admit(ticket)
         ticket.effective_priority = ticket.priority
-        if not ticket.needs_slot and self._may_skip_slot(ticket.model):
+        if page:
             self._ledger.grant(ticket)  # a page like GET /props: no slot needed
         else:
             self._lanes.push(ticket, self.static_key(ticket))
@@ -259,7 +268,7 @@ class SerialScheduler:
     def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
         settings = config.routing.scheduler.settings.serial
         self._ledger.configure(swapper, limits(config))
-        self._configure(settings.aging_divisor, settings.swap_affinity_bonus)
+        self._configure(settings.aging_divisor, settings.swap_affinity_bonus, settings.max_queued)
         queued = sorted(self._lanes, key=lambda t: t.seq)
         self._lanes = _Lanes()  # static keys depend on agingDivisor: computed again
         for ticket in queued:

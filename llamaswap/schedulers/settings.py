@@ -8,8 +8,12 @@ __all__ = ["fifo_priorities", "limits"]
 
 
 def limits(config: Config) -> dict[str, int]:
-    """``concurrencyLimit`` per model ID."""
-    return {model_id: model.concurrency_limit for model_id, model in config.models.items()}
+    """``concurrencyLimit`` per model ID, for the models that set it."""
+    return {
+        model_id: model.concurrency_limit
+        for model_id, model in config.models.items()
+        if model.concurrency_limit is not None
+    }
 
 
 def fifo_priorities(config: Config) -> dict[str, int]:

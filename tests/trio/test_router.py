@@ -493,3 +493,36 @@ async def test_a_request_still_running_after_the_shutdown_grace_gets_a_clear_err
     assert [type(e) for e in failures] == [ShuttingDown]
     assert "still running after unloadTimeout (4s)" in str(failures[0])
     assert router.model_state("a") is S.STOPPED
+
+
+async def test_serial_queues_a_burst_of_a_thousand_and_serves_every_one(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    config = Config(
+        models={"a": model(1)}, routing=Routing(scheduler=SchedulerSection(use="serial"))
+    )
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    await nursery.start(router.run)
+    served: list[int] = []
+    refused: list[RequestError] = []
+    done = trio.Event()
+
+    async def request(index: int) -> None:
+        try:
+            async with lease(router, "a"):
+                await trio.sleep(0.25)  # one at a time: the slot
+                served.append(index)
+        except RequestError as exc:
+            refused.append(exc)
+        if len(served) + len(refused) == 1000:
+            done.set()
+
+    for index in range(1000):
+        nursery.start_soon(request, index)
+    await done.wait()
+    assert refused == []
+    assert sorted(served) == list(range(1000))
+    assert len(spawner.processes) == 1

@@ -67,6 +67,7 @@ def test_empty_file_gives_every_top_level_default() -> None:
     assert config.routing.scheduler.settings.fifo.priority == {}
     assert config.routing.scheduler.settings.serial.aging_divisor == 60.0
     assert config.routing.scheduler.settings.serial.swap_affinity_bonus == 10
+    assert config.routing.scheduler.settings.serial.max_queued == 100_000
     assert config.hooks.on_startup.preload == ()
     assert config.peers == {}
 
@@ -86,7 +87,7 @@ def test_model_defaults() -> None:
         description=None,
         unlisted=False,
         use_model_name=None,
-        concurrency_limit=10,
+        concurrency_limit=None,  # fifo: 10; serial: none (it queues)
         filters=FilterConfig(strip_params=(), set_params={}),
         metadata={},
         send_loading_state=False,

@@ -243,6 +243,11 @@ def test_a_command_line_longer_than_64_kib_is_refused_before_splitting() -> None
             "expected 0 (no aging) or a duration from 0.001 to 86400 seconds (1 day), "
             "got 1e-12 seconds",
         ),
+        (
+            f"[{SERIAL}]\nmaxQueued = 0\n",
+            f"{SERIAL}.maxQueued",
+            "expected a number of requests from 1 to 10000000, got 0",
+        ),
     ],
 )
 def test_numbers_out_of_range(text: str, path: str, message: str) -> None:

@@ -7,7 +7,13 @@ import sys
 import pytest
 
 from llamaswap.config.model import GroupConfig
-from llamaswap.errors import ModelStartFailed, ModelUnloaded, ShuttingDown
+from llamaswap.errors import (
+    ConcurrencyLimit,
+    ModelStartFailed,
+    ModelUnloaded,
+    QueueFull,
+    ShuttingDown,
+)
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers.base import Ticket, TicketState
@@ -362,3 +368,37 @@ def test_scores_of_huge_priorities_stay_finite() -> None:
     assert huge.score == sys.float_info.max
     tiny = ticket("b", 2, priority=-(10**400))
     assert s.scheduler.score(tiny, affinity=False) == -sys.float_info.max
+
+
+def test_a_burst_for_one_model_is_queued_not_refused() -> None:
+    fx = FakeWorld()
+    s = make(fx)  # no concurrencyLimit set: serial has none
+    blocker = hold_slot(fx, s, "x")
+    burst = [ticket("a", seq) for seq in range(1, 1001)]
+    for t in burst:
+        s.on_request(t)
+    assert s.statistics().waiting == 1000
+    assert fx.failed == []
+    served = order_served(fx, s, blocker)
+    assert served == burst  # every one, in arrival order (equal scores)
+
+
+def test_max_queued_bounds_the_queue_across_models() -> None:
+    fx = FakeWorld()
+    s = Driven(SerialScheduler(fx, GroupSwapper({}), limits={}, max_queued=3), fx)
+    hold_slot(fx, s, "x")
+    for seq, model in enumerate(("a", "b", "a"), start=1):
+        s.on_request(ticket(model, seq))
+    with pytest.raises(QueueFull, match="maxQueued"):
+        s.on_request(ticket("c", 4))
+    assert s.statistics().waiting == 3
+
+
+def test_an_explicit_concurrency_limit_still_applies() -> None:
+    fx = FakeWorld()
+    s = make(fx, limits={"a": 2})
+    hold_slot(fx, s, "x")
+    s.on_request(ticket("a", 1))
+    s.on_request(ticket("a", 2))
+    with pytest.raises(ConcurrencyLimit):
+        s.on_request(ticket("a", 3))

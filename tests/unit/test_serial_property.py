@@ -90,11 +90,7 @@ def test_efficient_pick_equals_brute_force(
     scheduler.on_request(blocker)
     assert fx.granted == [blocker]
     waiting: list[Ticket] = []
-    limits_ok: dict[str, int] = {}
     for seq, (model, priority, arrival_ms) in enumerate(requests, start=1):
-        if limits_ok.get(model, 0) >= 10:  # concurrencyLimit default
-            continue
-        limits_ok[model] = limits_ok.get(model, 0) + 1
         t = Ticket(model, priority=priority, seq=seq, arrival=arrival_ms / 1000)
         scheduler.on_request(t)
         waiting.append(t)
