@@ -63,6 +63,7 @@ START_PORT = Bounds(1, 65_535, "a port")
 MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
 MAX_QUEUED = Bounds(1, 10_000_000, "a number of requests")
+SLOTS = Bounds(1, 256, "a number of slots")
 EVICT_COST = Bounds(1, 1_000_000, "a cost")
 FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 #: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
@@ -184,6 +185,7 @@ class SerialSettings:
     aging_divisor: float = attrs.field(default=60.0, metadata=within(AGING_DIVISOR))
     swap_affinity_bonus: int = 10
     max_queued: int = attrs.field(default=DEFAULT_MAX_QUEUED, metadata=within(MAX_QUEUED))
+    slots: int = attrs.field(default=1, metadata=within(SLOTS))
 
 
 @attrs.frozen

@@ -61,5 +61,6 @@ def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
             aging_divisor=serial.aging_divisor,
             swap_affinity_bonus=serial.swap_affinity_bonus,
             max_queued=serial.max_queued,
+            slots=serial.slots,
         )
     return FifoScheduler(world, swapper, limits=limits(config), priorities=fifo_priorities(config))

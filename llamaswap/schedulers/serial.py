@@ -131,6 +131,7 @@ class SerialScheduler:
         aging_divisor: seconds per aging point; 0 disables aging.
         swap_affinity_bonus: points for a request whose model is ready; capped at 99.
         max_queued: requests that may wait at once, across every model; beyond, 429.
+        slots: requests in service at once, all for the loaded model.
 
     A model has no ``concurrencyLimit`` unless it sets one: serial exists to queue a burst
     and serve it by score, not to refuse it.
@@ -147,17 +148,23 @@ class SerialScheduler:
         aging_divisor: float = 60.0,
         swap_affinity_bonus: int = 10,
         max_queued: int = DEFAULT_MAX_QUEUED,
+        slots: int = 1,
     ) -> None:
         self._ledger = Ledger(world, swapper, limits)
         self._world = world
-        self._configure(aging_divisor, swap_affinity_bonus, max_queued)
+        self._configure(aging_divisor, swap_affinity_bonus, max_queued, slots)
         self._lanes = _Lanes()
-        self._holder: Ticket | None = None
+        #: The requests holding a slot (in service, loading, or waiting for a busy model
+        #: to drain), all for one model; the first one leads (it started the load).
+        self._holders: list[Ticket] = []
         self.aging_changed_picks = 0
         self.affinity_changed_picks = 0
 
-    def _configure(self, aging_divisor: float, swap_affinity_bonus: int, max_queued: int) -> None:
+    def _configure(
+        self, aging_divisor: float, swap_affinity_bonus: int, max_queued: int, slots: int
+    ) -> None:
         self._max_queued = max_queued
+        self._slots = slots
         self._divisor = aging_divisor
         self._divisor_ns = _ns(aging_divisor)
         self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
@@ -212,42 +219,43 @@ class SerialScheduler:
             self._ledger.grant(ticket)  # a page like GET /props: no slot needed
         else:
             self._lanes.push(ticket, self.static_key(ticket))
-            self._fill_slot()
+            self._fill_slots()
         return self._ledger.take()
 
     def on_cancel(self, ticket: Ticket) -> list[Decision]:
         ledger = self._ledger
-        if ticket is not self._holder:
+        if ticket not in self._holders:
             ledger.cancel(self._lanes, ticket)  # it was queued
-        elif ticket.state is TicketState.LOADING and (
-            successor := self._lanes.pop_best(ticket.model)
-        ):
-            # Another request wants this model: the load goes on, for it.
-            self._holder = successor
-            successor.score = self.score(successor, affinity=self.affinity(ticket.model))
-            ledger.join(successor, ledger.swaps[ticket.model])
-            ledger.cancel(self._lanes, ticket)
-        else:
-            ledger.cancel(self._lanes, ticket)
-            self._holder = None
-            self._fill_slot()
+            return ledger.take()
+        self._holders.remove(ticket)
+        loading = [t for t in self._holders if t.state is TicketState.LOADING]
+        if ticket.state is TicketState.LOADING and not loading:
+            successor = self._lanes.pop_best(ticket.model)
+            if successor is not None:
+                # Another request wants this model: the load goes on, for it.
+                self._holders.append(successor)
+                successor.score = self.score(successor, affinity=self.affinity(ticket.model))
+                ledger.join(successor, ledger.swaps[ticket.model])
+        ledger.cancel(self._lanes, ticket)
+        self._fill_slots()
         return ledger.take()
 
     def on_finish(self, ticket: Ticket) -> list[Decision]:
         self._ledger.release(ticket)
-        holder = self._holder
-        if ticket is holder:
-            self._holder = None
-            self._fill_slot()
-        elif holder is not None and holder.state is TicketState.QUEUED:
-            self._ledger.dispatch(holder)  # its swap waited for this model to drain
+        holders = self._holders
+        if ticket in holders:
+            holders.remove(ticket)
+            self._fill_slots()
+        elif holders and holders[0].state is TicketState.QUEUED:
+            self._ledger.dispatch(holders[0])  # its swap waited for this model to drain
         return self._ledger.take()
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
-        if self._ledger.finish_swap(swap, error) and error is not None:
-            self._ledger.fail_queued(self._lanes, {swap.target}, error)
-            self._holder = None
-            self._fill_slot()
+        if self._ledger.finish_swap(swap, error):
+            if error is not None:
+                self._ledger.fail_queued(self._lanes, {swap.target}, error)
+                self._holders = [t for t in self._holders if t.state is TicketState.SERVING]
+            self._fill_slots()  # more of the slots, for the model now ready
         return self._ledger.take()
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
@@ -260,27 +268,30 @@ class SerialScheduler:
         return self._ledger.take()
 
     def on_unload(self, models: Collection[str], reason: str = "unloaded") -> list[Decision]:
-        self._release_slot(models, lambda model: ModelUnloaded(model, reason))
+        self._release_slots(models, lambda model: ModelUnloaded(model, reason))
         self._ledger.unload(self._lanes, models, reason)
-        self._fill_slot()
+        self._fill_slots()
         return self._ledger.take()
 
     def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
         settings = config.routing.scheduler.settings.serial
         self._ledger.configure(swapper, limits(config))
-        self._configure(settings.aging_divisor, settings.swap_affinity_bonus, settings.max_queued)
+        self._configure(
+            settings.aging_divisor,
+            settings.swap_affinity_bonus,
+            settings.max_queued,
+            settings.slots,
+        )
         queued = sorted(self._lanes, key=lambda t: t.seq)
         self._lanes = _Lanes()  # static keys depend on agingDivisor: computed again
         for ticket in queued:
             self._lanes.push(ticket, self.static_key(ticket))
-        self._fill_slot()
+        self._fill_slots()
         return self._ledger.take()
 
     def surrender(self) -> list[Ticket]:
-        holder = self._holder
-        waiting = [] if holder is None or holder.state is not TicketState.QUEUED else [holder]
-        if waiting:
-            self._holder = None
+        waiting = [t for t in self._holders if t.state is TicketState.QUEUED]
+        self._holders = [t for t in self._holders if t.state is not TicketState.QUEUED]
         tickets = self._ledger.surrender(self._lanes)
         for ticket in waiting:
             self._ledger.release(ticket)
@@ -288,23 +299,21 @@ class SerialScheduler:
         return sorted(waiting + tickets, key=lambda t: t.seq)
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:
-        self._release_slot(None, lambda _: error)
+        self._release_slots(None, lambda _: error)
         self._ledger.shut_down(self._lanes, error)
         return self._ledger.take()
 
     # ------------------------------------------------------------------ views
 
     def queued(self) -> list[Ticket]:
-        # The slot holder waiting for a busy model to drain goes first; then the pick order.
-        holder = self._holder
-        first = [holder] if holder is not None and holder.state is TicketState.QUEUED else []
+        # A slot holder waiting for a busy model to drain goes first; then the pick order.
+        first = [t for t in self._holders if t.state is TicketState.QUEUED]
         affinity = self._affinities()
         ranked = sorted(self._lanes, key=lambda t: self._rank(t, affinity[t.model]), reverse=True)
         return first + ranked
 
     def statistics(self) -> SchedulerStatistics:
         ledger = self._ledger
-        holder = self._holder
         return SchedulerStatistics(
             name=self.name,
             waiting=len(self._lanes),
@@ -313,7 +322,7 @@ class SerialScheduler:
             bands=ledger.band_statistics(self._lanes),
             aging_changed_picks=self.aging_changed_picks,
             affinity_changed_picks=self.affinity_changed_picks,
-            slot_holder=None if holder is None else holder.model,
+            slot_holder=self._holders[0].model if self._holders else None,
         )
 
     # --------------------------------------------------------------- the slot
@@ -321,28 +330,30 @@ class SerialScheduler:
     def _may_skip_slot(self, model: str) -> bool:
         """A page may skip the slot if its model is ready, unless the slot holder waits for
         that model to drain (pages arriving one after another would hold off its swap)."""
-        holder = self._holder
+        lead = self._holders[0] if self._holders else None
         if (
-            holder is not None
-            and holder.state is TicketState.QUEUED
-            and model in self._ledger.evictions(holder.model)
+            lead is not None
+            and lead.state is TicketState.QUEUED
+            and model in self._ledger.evictions(lead.model)
         ):
             return False
         return self._ledger.plan(model).immediate
 
-    def _release_slot(
+    def _release_slots(
         self, models: Collection[str] | None, error: Callable[[str], RequestError]
     ) -> None:
-        """Fail the slot holder if it has not been served yet and wants one of ``models``
-        (any, for ``None``): a load it waits for is abandoned by the ledger."""
-        holder = self._holder
-        if holder is None or holder.state is TicketState.SERVING:
-            return
-        if models is not None and holder.model not in models:
-            return
-        if holder.state is TicketState.QUEUED:  # it waited for a model to drain
-            self._ledger.fail(holder, error(holder.model))
-        self._holder = None
+        """Give up the slots of holders not served yet that want one of ``models`` (any,
+        for ``None``): one waiting for a model to drain fails here; a load they wait for
+        is abandoned by the ledger, which fails them."""
+        kept = []
+        for holder in self._holders:
+            if holder.state is TicketState.SERVING or (
+                models is not None and holder.model not in models
+            ):
+                kept.append(holder)
+            elif holder.state is TicketState.QUEUED:
+                self._ledger.fail(holder, error(holder.model))
+        self._holders = kept
 
     def _rank(self, ticket: Ticket, affinity: bool) -> tuple[int, int]:
         """Bigger is better: the static key plus affinity, then earlier arrival."""
@@ -375,19 +386,31 @@ class SerialScheduler:
                 no_aging, no_aging_rank = eldest, unaged
         return best, no_aging, no_affinity
 
-    def _fill_slot(self) -> None:
-        while self._holder is None and self._lanes:
+    def _fill_slots(self) -> None:
+        """Give free slots to the best-scored requests. All slots serve one model: when the
+        best waiting request wants another, nothing more is granted for this one, and the
+        swap happens as soon as the slots are free."""
+        holders = self._holders
+        while len(holders) < self._slots and self._lanes:
             candidates = len(self._lanes)
             affinity = self._affinities()
             ticket, no_aging, no_affinity = self._choose(affinity)
             assert ticket is not None
+            if holders and (
+                ticket.model != holders[0].model or holders[0].state is TicketState.QUEUED
+            ):
+                return
             if candidates >= 2:
                 self.aging_changed_picks += no_aging is not ticket
                 self.affinity_changed_picks += no_affinity is not ticket
             ticket.score = self.score(ticket, affinity=affinity[ticket.model])
             ticket.metadata["affinity"] = affinity[ticket.model]
             self._lanes.remove(ticket)
-            self._holder = ticket
-            # Served, or its load started; if a model it evicts is busy, it keeps the slot,
-            # QUEUED, until that model drains (on_finish).
-            self._ledger.dispatch(ticket)
+            holders.append(ticket)
+            swap = self._ledger.swaps.get(ticket.model)
+            if swap is not None:
+                self._ledger.join(ticket, swap)  # the lead's load serves it too
+            else:
+                # Served, or its load started; if a model it evicts is busy, it keeps the
+                # slot, QUEUED, until that model drains (on_finish).
+                self._ledger.dispatch(ticket)

@@ -248,6 +248,11 @@ def test_a_command_line_longer_than_64_kib_is_refused_before_splitting() -> None
             f"{SERIAL}.maxQueued",
             "expected a number of requests from 1 to 10000000, got 0",
         ),
+        (
+            f"[{SERIAL}]\nslots = 257\n",
+            f"{SERIAL}.slots",
+            "expected a number of slots from 1 to 256, got 257",
+        ),
     ],
 )
 def test_numbers_out_of_range(text: str, path: str, message: str) -> None:

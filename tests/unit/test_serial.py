@@ -402,3 +402,66 @@ def test_an_explicit_concurrency_limit_still_applies() -> None:
     s.on_request(ticket("a", 2))
     with pytest.raises(ConcurrencyLimit):
         s.on_request(ticket("a", 3))
+
+
+def with_slots(fx: FakeWorld, slots: int, **groups: GroupConfig) -> Driven[SerialScheduler]:
+    scheduler = SerialScheduler(
+        fx, GroupSwapper(groups), limits={}, swap_affinity_bonus=0, slots=slots
+    )
+    return Driven(scheduler, fx)
+
+
+def test_slots_serve_that_many_requests_for_the_loaded_model_at_once() -> None:
+    fx = FakeWorld()
+    fx.states["a"] = READY
+    s = with_slots(fx, 3)
+    tickets = [ticket("a", seq) for seq in range(1, 5)]
+    for t in tickets:
+        s.on_request(t)
+    assert fx.granted == tickets[:3]
+    assert s.statistics().waiting == 1
+    s.on_finish(tickets[1])
+    assert fx.granted == tickets  # the freed slot goes to the next one
+
+
+def test_a_better_request_for_another_model_stops_new_grants_until_the_slots_free() -> None:
+    fx = FakeWorld()
+    fx.states["a"] = READY
+    s = with_slots(fx, 2)
+    first = ticket("a", 1)
+    s.on_request(first)
+    urgent = ticket("b", 2, priority=100)  # must evict 'a', which is serving
+    later_a = ticket("a", 3)
+    s.on_request(urgent)
+    s.on_request(later_a)
+    assert fx.granted == [first]  # a slot is free, but the best waiting request wants 'b'
+    assert fx.swaps == []
+    s.on_finish(first)
+    swap = fx.last_swap()
+    assert (swap.target, swap.evict, swap.waiters) == ("b", frozenset({"a"}), [urgent])
+    assert later_a.state is TicketState.QUEUED
+
+
+def test_requests_for_a_model_being_loaded_share_its_load_up_to_the_slots() -> None:
+    fx = FakeWorld()
+    s = with_slots(fx, 2)
+    lead, second, third = ticket("a", 1), ticket("a", 2), ticket("a", 3)
+    for t in (lead, second, third):
+        s.on_request(t)
+    assert len(fx.swaps) == 1
+    assert fx.last_swap().waiters == [lead, second]
+    assert third.state is TicketState.QUEUED
+    s.on_cancel(lead)  # the load goes on: another holder waits for it
+    assert fx.cancelled == []
+    fx.complete(s, fx.last_swap())
+    assert fx.granted == [second, third]  # the freed slot went to the third one
+
+
+def test_one_slot_is_the_default_and_keeps_serial_serial() -> None:
+    fx = FakeWorld()
+    fx.states["a"] = READY
+    s = make(fx)
+    first, second = ticket("a", 1), ticket("a", 2)
+    s.on_request(first)
+    s.on_request(second)
+    assert fx.granted == [first]
