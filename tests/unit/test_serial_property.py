@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from llamaswap.config.model import GroupConfig
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
-from llamaswap.schedulers.base import Ticket
+from llamaswap.schedulers.base import Decision, Grant, JoinSwap, Ticket
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld
 
@@ -119,3 +119,73 @@ def test_efficient_pick_equals_brute_force(
         assert fx.granted[-1] is expected
         current = expected
         remaining.remove(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    requests=requests,
+    ready=st.sets(st.sampled_from(MODELS)),
+    divisor_ms=st.sampled_from([0, 500, 7_777]),
+    bonus=st.sampled_from([0, 10, 99]),
+    slots=st.integers(2, 4),
+)
+def test_with_slots_every_slot_goes_to_the_brute_force_best(
+    requests: list[tuple[str, int, int]],
+    ready: set[str],
+    divisor_ms: int,
+    bonus: int,
+    slots: int,
+) -> None:
+    """Each request given a slot is the argmax of what still waits; slots stay free only
+    while the argmax wants a model other than the one being served."""
+    fx = FakeWorld()
+    for model in ready:
+        fx.states[model] = ModelState.READY
+    fx.states["busy"] = ModelState.READY
+    scheduler = Driven(
+        SerialScheduler(
+            fx,
+            GroupSwapper(GROUPS),
+            limits={},
+            aging_divisor=divisor_ms / 1000,
+            swap_affinity_bonus=bonus,
+            slots=slots,
+        ),
+        fx,
+    )
+    blocker = Ticket("busy", seq=0)
+    scheduler.on_request(blocker)
+    remaining = [
+        Ticket(model, priority=priority, seq=seq, arrival=arrival_ms / 1000)
+        for seq, (model, priority, arrival_ms) in enumerate(requests, start=1)
+    ]
+    for t in remaining:
+        scheduler.on_request(t)  # all wait: the slots serve 'busy'
+    now_ms = 10**6 + 1
+    fx.time = now_ms / 1000
+    held = [blocker]
+
+    def check(decisions: list[Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, (Grant, JoinSwap)) and decision.ticket not in held:
+                expected = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus)
+                assert decision.ticket is expected
+                assert not held or held[0].model == expected.model
+                remaining.remove(expected)
+                held.append(expected)
+        if remaining and held and len(held) < slots:
+            best = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus)
+            assert best.model != held[0].model  # a free slot waits only for a swap
+
+    completed = 0
+    for _ in range(4 * len(requests) + 4):
+        if not held:
+            break
+        finished = held.pop(0)
+        check(scheduler.on_finish(finished))
+        while completed < len(fx.swaps):  # play each load to its end
+            before = len(fx.decisions)
+            fx.complete(scheduler, fx.swaps[completed])
+            completed += 1
+            check(fx.decisions[before:])
+    assert remaining == []
