@@ -211,3 +211,41 @@ async def test_loading_state_ends_with_an_error_event_when_the_load_fails(
     assert record["scheduler"] == "fifo"
     assert record["queue_wait_ms"] is not None
     assert "failed to start" in record["error"]
+
+
+async def test_parallel_slots_serve_the_loaded_model_side_by_side(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(
+        config(
+            """
+[models.a]
+cmd = "${fake} --tokens-per-second 20"
+[routing.scheduler]
+use = "serial"
+[routing.scheduler.settings.serial]
+slots = 2
+"""
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            assert (await client.post("/api/models/load/a")).status_code == 200
+            streams: list[int] = []
+
+            async def stream() -> None:
+                body = chat("a", stream=True, max_tokens=40)  # two seconds each
+                async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+                    streams.append(answer.status_code)
+                    async for _ in answer.aiter_bytes():
+                        pass
+
+            async with trio.open_nursery() as requests:
+                for _ in range(3):
+                    requests.start_soon(stream)
+                states: list[str] = []
+                while sorted(states) != ["queued", "serving", "serving"]:
+                    await trio.sleep(0.05)  # polling HTTP, bounded by fail_after
+                    inflight = (await client.get("/api/inflight")).json()["inflight"]
+                    states = [entry["state"] for entry in inflight]
+    assert streams == [200, 200, 200]
