@@ -12,8 +12,9 @@ order it happens:
   order, so **every request's events arrive in lifecycle order**: ``queued``, then
   ``loading`` if it waited for a load, then ``serving`` and ``done``, or ``failed`` or
   ``cancelled``.
-- ``queue``: per-band depth and oldest wait; every request event or decision marks it
-  changed, and the hub coalesces the changes (at most one per 100 ms).
+- ``queue``: per-band depth and oldest wait, the waiting requests in serve order and,
+  under ``serial``, their scores; every request event or decision marks it changed, and
+  the hub coalesces the changes (at most one per 100 ms).
 - ``activity``: each finished request's activity record (``ActivityLog.add_listener``).
 
 ``snapshot()`` is the first event a subscriber gets: all of the above as it stands, so
@@ -29,7 +30,8 @@ import trio
 
 from llamaswap.process import ModelState
 from llamaswap.router.lease import RequestInfo, ticket_info
-from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket
+from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Scheduler, Ticket
+from llamaswap.schedulers.serial import SerialScheduler
 
 from .activity import ActivityLog, ActivityRecord
 from .events import Event, EventHub
@@ -114,16 +116,19 @@ class RouterEvents:
         return {"model": model, "state": stats.state.value, "pid": stats.pid}
 
     def _queue_state(self) -> dict[str, Any]:
-        stats = self._router.scheduler.statistics()
+        scheduler = self._router.scheduler
+        stats = scheduler.statistics()
         bands = {
             band: {"depth": band_stats.depth, "oldest_wait_ms": _ms(band_stats.oldest_wait)}
             for band, band_stats in stats.bands.items()
         }
+        queued = scheduler.queued()  # first served first
         return {
             "waiting": stats.waiting,
             "loading": stats.loading,
             "bands": bands,
-            "order": self._router.queue_order(),  # the waiting IDs, first served first
+            "order": [ticket.seq for ticket in queued],  # the waiting IDs (Router.queue_order)
+            "scores": _scores(scheduler, queued),
         }
 
     def _queue_event(self) -> Event | None:
@@ -149,6 +154,24 @@ def _from_info(info: RequestInfo, state: str, now: float, error: str | None = No
         "waited_ms": _ms(waited),
         "error": error,
     }
+
+
+def _scores(scheduler: Scheduler, queued: list[Ticket]) -> list[float | None]:
+    """Each waiting request's score as things stand: what ``serial``'s next pick compares
+    (priority + affinity + aging), or its score at the pick for the one holding the slot
+    while a busy model drains. ``fifo`` scores nothing: ``None`` each."""
+    if not isinstance(scheduler, SerialScheduler):
+        return [None] * len(queued)
+    affinity: dict[str, bool] = {}
+    scores: list[float | None] = []
+    for ticket in queued:
+        if ticket.score is None:
+            if ticket.model not in affinity:
+                affinity[ticket.model] = scheduler.affinity(ticket.model)
+            scores.append(round(scheduler.score(ticket, affinity=affinity[ticket.model]), 3))
+        else:
+            scores.append(round(ticket.score, 3))
+    return scores
 
 
 def _from_ticket(ticket: Ticket, state: str, error: str | None = None) -> Event:

@@ -40,7 +40,7 @@ from llamaswap.router.names import Local
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import live
+from . import live, ui
 from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
@@ -209,7 +209,10 @@ def create_app(
     @quart.before_request
     async def check_key() -> None:
         headers = {name.lower(): value for name, value in request.headers.items()}
-        if request.path != "/health" and not authorized(router.config.api_keys, headers):
+        # /health and the dashboard's own files (it must load to ask for a key) are
+        # public; every request for data needs a key, the dashboard's included.
+        public = request.path == "/health" or request.endpoint in ui.PUBLIC_ENDPOINTS
+        if not public and not authorized(router.config.api_keys, headers):
             raise Unauthorized()
 
     @quart.get("/health")
@@ -342,4 +345,5 @@ def create_app(
 
     register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
+    ui.register(quart)
     return Application(quart, Forwarder(router, pool, recorder), reloader)

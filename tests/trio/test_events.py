@@ -290,6 +290,59 @@ async def test_queue_events_follow_the_depth(
     assert [event["bands"]["batch"]["depth"] for event in after] == [0, 0]
 
 
+async def test_queue_events_score_the_waiting_requests_under_serial(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, events, _ = await start(nursery, spawner, "serial", a=model(1))
+    await router.load("a")
+
+    async def request(priority: int) -> None:
+        async with router.acquire(router.lease("a", priority=priority)):
+            await trio.sleep(0.5)
+
+    with hub.subscribe() as feed:
+        async with router.acquire(router.lease("a")):  # holds the one slot
+            for priority in (-100, 0, 100):
+                nursery.start_soon(request, priority)
+            await trio.sleep(0.5)
+            got = take(feed)
+            ids = {e["priority"]: e["id"] for e in got if e["type"] == "request"}
+            queue = [e for e in got if e["type"] == "queue"][-1]
+            assert queue["order"] == [ids[100], ids[0], ids[-100]]
+            # priority + affinity ('a' is ready: 10) + aging (a point a minute), as the
+            # next pick will compare them
+            assert queue["scores"] == pytest.approx([110.0, 10.0, -90.0], abs=0.01)
+            await trio.sleep(60.0)
+            assert events.snapshot()["queue"]["scores"] == pytest.approx(
+                [111.0, 11.0, -89.0], abs=0.01
+            )
+        await trio.sleep(0.1)  # the holder left: the best one is served
+        changed = [e for e in take(feed) if e["type"] == "queue"][-1]
+        assert changed["order"] == [ids[0], ids[-100]]
+        assert changed["scores"] == pytest.approx([11.0, -89.0], abs=0.01)
+
+
+async def test_queue_events_have_no_scores_under_fifo(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, _, _ = await start(nursery, spawner, "fifo", a=model(1), b=model(2))
+    await router.load("a")
+
+    async def request_b() -> None:
+        async with router.acquire(router.lease("b", priority=100)):
+            pass
+
+    with hub.subscribe() as feed:
+        async with router.acquire(router.lease("a")):
+            nursery.start_soon(request_b)  # must evict 'a', which is busy: queued
+            await trio.sleep(0.5)
+            queue = [e for e in take(feed) if e["type"] == "queue"][-1]
+    assert len(queue["order"]) == 1
+    assert queue["scores"] == [None]
+
+
 async def test_a_late_subscriber_gets_the_state_first(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:

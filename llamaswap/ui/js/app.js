@@ -1,0 +1,230 @@
+// The dashboard: one /api/events stream feeds the store; the panels render the store.
+
+import * as api from "./api.js";
+import { $, h, setText, toast } from "./dom.js";
+import * as fmt from "./format.js";
+import { mountActivity } from "./activity.js";
+import { mountLogs } from "./logs.js";
+import { mountModels } from "./models.js";
+import { mountPlayground } from "./playground.js";
+import { mountQueue } from "./queue.js";
+import { Store } from "./store.js";
+
+const store = new Store();
+let stream = null; // the AbortController of the open /api/events request
+
+// ------------------------------------------------------------------- the key
+
+const waitingForKey = [];
+
+function openKeyDialog(message) {
+  const dialog = $("#key-dialog");
+  setText($("#key-error"), message);
+  $("#key-btn").hidden = false;
+  if (!dialog.open) dialog.showModal();
+  $("#key-input").focus();
+}
+
+function askForKey(message) {
+  openKeyDialog(message);
+  return new Promise((resolve) => waitingForKey.push(resolve));
+}
+
+$("#key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const value = $("#key-input").value.trim();
+  if (!value) return;
+  api.setKey(value, $("#key-remember").checked);
+  $("#key-input").value = "";
+  $("#key-dialog").close();
+  if (waitingForKey.length) {
+    for (const resolve of waitingForKey.splice(0)) resolve();
+  } else {
+    reconnect(); // a new key chosen from the header: start again with it
+  }
+});
+$("#key-btn").addEventListener("click", () => openKeyDialog(""));
+api.onKeyNeeded(askForKey);
+
+// ------------------------------------------------------------ the event stream
+
+function reconnect() {
+  stream?.abort();
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Reads /api/events for as long as the page is open. A new connection starts with a
+// fresh snapshot, so after a drop (or a "dropped" event: we fell behind) the page is
+// right again. Retries back off from 1 s to 15 s: this only runs when the stream broke.
+async function follow() {
+  let delay = 1000;
+  for (;;) {
+    const controller = new AbortController();
+    stream = controller;
+    try {
+      const response = await api.request("api/events", { signal: controller.signal });
+      if (!response.ok) throw new api.ApiError(response.status, null);
+      for await (const message of api.events(response, controller.signal)) {
+        const event = JSON.parse(message.data);
+        if (event.type === "dropped") break;
+        if (event.type === "snapshot") {
+          store.setConnection("live");
+          delay = 1000;
+        }
+        store.apply(event);
+      }
+    } catch (error) {
+      if (!controller.signal.aborted) console.warn("llamaswap: event stream:", error.message);
+    }
+    if (controller.signal.aborted) {
+      store.setConnection("connecting");
+      continue; // asked to reconnect: at once
+    }
+    store.setConnection("retrying", Date.now() + delay);
+    await sleep(delay);
+    delay = Math.min(delay * 2, 15000);
+    store.setConnection("connecting");
+  }
+}
+
+// ------------------------------------------------------------------- header
+
+function renderConnection() {
+  const { state, retryAt } = store.connection;
+  $("#conn").dataset.state = state;
+  let text = "connecting…";
+  if (state === "live") text = "live";
+  if (state === "retrying") {
+    const seconds = Math.max(0, Math.ceil((retryAt - Date.now()) / 1000));
+    text = `disconnected, retrying in ${seconds} s`;
+  }
+  setText($("#conn-text"), text);
+  setText($("#sched"), store.scheduler ? `scheduler: ${store.scheduler}` : "");
+}
+
+const CHANGE_KINDS = ["added", "removed", "restarted", "updated", "settings", "at_start"];
+
+function renderReload() {
+  const result = store.lastReload;
+  const box = $("#reload-result");
+  if (result === null) return;
+  box.hidden = false;
+  box.dataset.ok = String(result.ok);
+  const when = fmt.clock(result.at);
+  const details = $("#reload-details");
+  details.replaceChildren();
+  if (result.ok) {
+    const counts = CHANGE_KINDS.map((kind) => [kind, result.changed?.[kind] ?? []]).filter(
+      ([, models]) => models.length,
+    );
+    const summary = counts.length
+      ? counts.map(([kind, models]) => `${models.length} ${kind.replace("_", " ")}`).join(", ")
+      : "nothing changed";
+    setText($("#reload-summary"), `Reloaded at ${when} (${result.trigger}): ${summary}`);
+    const list = h("ul");
+    for (const [kind, models] of counts) {
+      list.append(h("li", {}, `${kind.replace("_", " ")}: ${models.join(", ")}`));
+    }
+    const unchanged = result.changed?.unchanged ?? [];
+    if (unchanged.length) list.append(h("li", {}, `unchanged: ${unchanged.join(", ")}`));
+    details.append(list.children.length ? list : h("p", {}, "The configuration is the same."));
+  } else {
+    const problems = result.problems ?? [];
+    setText(
+      $("#reload-summary"),
+      `Reload refused at ${when} (${result.trigger ?? "api"}): ${problems.length} problem(s); the running config stays`,
+    );
+    details.append(h("ul", {}, problems.map((problem) => h("li", {}, problem))));
+  }
+}
+
+async function reloadConfig() {
+  const button = $("#reload-btn");
+  button.disabled = true;
+  try {
+    const result = await api.post("api/config/reload");
+    store.lastReload = { ...result, at: Date.now() };
+  } catch (error) {
+    if (error.body && "ok" in error.body) {
+      store.lastReload = { ...error.body, at: Date.now() };
+    } else {
+      toast(`Reload failed: ${error.message}`, { bad: true });
+    }
+  } finally {
+    button.disabled = false;
+  }
+  renderReload();
+}
+
+async function showVersion() {
+  try {
+    const v = await api.json("api/version");
+    setText($("#version"), `llamaswap ${v.version} · Python ${v.python} · Trio ${v.trio} · Hypercorn ${v.hypercorn}`);
+  } catch {
+    // not essential
+  }
+}
+
+// --------------------------------------------------------------------- tabs
+
+function setUpTabs(onShow) {
+  const tabs = [...document.querySelectorAll('[role="tab"]')];
+  const select = (tab, focus, remember = true) => {
+    for (const other of tabs) {
+      const selected = other === tab;
+      other.setAttribute("aria-selected", String(selected));
+      other.tabIndex = selected ? 0 : -1;
+      document.getElementById(other.getAttribute("aria-controls")).hidden = !selected;
+    }
+    if (focus) tab.focus();
+    const name = tab.id.replace("tab-", "");
+    if (remember) history.replaceState(null, "", `#${name}`); // a reload shows it again
+    onShow(name);
+  };
+  for (const tab of tabs) {
+    tab.addEventListener("click", () => select(tab, false));
+    tab.addEventListener("keydown", (event) => {
+      const at = tabs.indexOf(tab);
+      const to = {
+        ArrowRight: (at + 1) % tabs.length,
+        ArrowLeft: (at - 1 + tabs.length) % tabs.length,
+        Home: 0,
+        End: tabs.length - 1,
+      }[event.key];
+      if (to === undefined) return;
+      event.preventDefault();
+      select(tabs[to], true);
+    });
+  }
+  const initial = tabs.find((tab) => `#${tab.id.replace("tab-", "")}` === location.hash);
+  select(initial ?? tabs[0], false, false);
+}
+
+// --------------------------------------------------------------------- boot
+
+store.on((what) => {
+  if (what === "connection" || what === "snapshot") renderConnection();
+  if (what === "reload") {
+    renderReload();
+    reconnect(); // models may have come or gone: a fresh snapshot says which
+  }
+});
+setInterval(() => {
+  store.emit("tick");
+  if (store.connection.state === "retrying") renderConnection();
+}, 1000);
+
+$("#reload-btn").addEventListener("click", reloadConfig);
+mountModels(store);
+mountQueue(store);
+const activity = mountActivity(store);
+const logs = mountLogs(store);
+mountPlayground(store);
+setUpTabs((name) => {
+  logs.show(name === "logs");
+  activity.show(name === "activity");
+});
+renderConnection();
+follow();
+showVersion();

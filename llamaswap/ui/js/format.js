@@ -1,0 +1,55 @@
+// Numbers and times as people read them.
+
+export const BANDS = ["above_interactive", "interactive", "normal", "batch", "below_batch"];
+
+export function duration(ms) {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) return "—";
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  const s = ms / 1000;
+  if (s < 60) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m ${String(Math.floor(s % 60)).padStart(2, "0")}s`;
+  const hours = Math.floor(m / 60);
+  if (hours < 48) return `${hours}h ${String(m % 60).padStart(2, "0")}m`;
+  return `${Math.floor(hours / 24)}d ${hours % 24}h`;
+}
+
+export function clock(epochMs) {
+  if (epochMs === null || epochMs === undefined || !Number.isFinite(epochMs)) return "—";
+  return new Date(epochMs).toLocaleTimeString([], { hour12: false });
+}
+
+export function isoClock(iso) {
+  return iso ? clock(Date.parse(iso)) : "—";
+}
+
+export function number(value, digits = 0) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "—";
+  return value.toLocaleString(undefined, {
+    minimumFractionDigits: digits,
+    maximumFractionDigits: digits,
+  });
+}
+
+export function score(value) {
+  if (value === null || value === undefined) return "—";
+  if (Math.abs(value) >= 1e6) return value.toExponential(2);
+  return value.toFixed(1);
+}
+
+export function bandLabel(band) {
+  return band ? band.replace("_", " ") : "—";
+}
+
+export function priority(value) {
+  if (value === null || value === undefined) return "";
+  return value > 0 ? `+${value}` : String(value);
+}
+
+// A coarse age: "12s", "3m 12s", "2h 05m".
+export function ago(ms) {
+  if (!Number.isFinite(ms)) return "—";
+  const s = Math.max(0, Math.floor(ms / 1000));
+  if (s < 60) return `${s}s`;
+  return duration(s * 1000);
+}

@@ -1,0 +1,150 @@
+// Models: each model's state, live, with its load time, TTL, requests, and the buttons
+// to load it, unload it, or cancel its load.
+
+import * as api from "./api.js";
+import { $, batched, h, setAttr, setText, syncList, toast } from "./dom.js";
+import * as fmt from "./format.js";
+
+export function mountModels(store) {
+  const grid = $("#models");
+  const loading = new Set(); // models this page asked to load and is waiting for
+
+  async function load(id) {
+    loading.add(id);
+    render();
+    try {
+      await api.post(`api/models/load/${encodeURIComponent(id)}`);
+      toast(`${id} is ready`);
+    } catch (error) {
+      toast(`Load of ${id} ended: ${error.message}`, { bad: error.code !== "request_cancelled" });
+    } finally {
+      loading.delete(id);
+      render();
+    }
+  }
+
+  async function unload(id) {
+    try {
+      await api.post(`api/models/unload/${encodeURIComponent(id)}`);
+      toast(`${id} unloaded`);
+    } catch (error) {
+      toast(`Unload of ${id} failed: ${error.message}`, { bad: true });
+    }
+  }
+
+  // A load is a swap that requests wait for; it stops when none waits any more. So
+  // cancelling it cancels the requests waiting for it (their clients get a 499).
+  async function cancelLoad(id) {
+    const waiting = [...store.requests.values()].filter(
+      (request) => request.model === id && request.state === "loading",
+    );
+    const results = await Promise.allSettled(
+      waiting.map((request) => api.post(`api/inflight/${request.id}/cancel`)),
+    );
+    const failed = results.filter((result) => result.status === "rejected");
+    if (failed.length) toast(`Cancel failed: ${failed[0].reason.message}`, { bad: true });
+    else toast(`Cancelled the load of ${id} (${waiting.length} request(s))`);
+  }
+
+  function create(model) {
+    const id = model.id;
+    const el = h(
+      "article",
+      { class: "model", "aria-label": `Model ${id}` },
+      h(
+        "div",
+        { class: "model-head" },
+        h("span", { class: "model-name" }, id),
+        h("span", { class: "state", "data-role": "state" }),
+      ),
+      h("div", { class: "model-title", "data-role": "title" }),
+      h(
+        "dl",
+        { class: "facts" },
+        h("dt", {}, "Loaded"),
+        h("dd", { "data-role": "since" }),
+        h("dt", {}, "In flight"),
+        h("dd", { "data-role": "inflight" }),
+        h("dt", {}, "Load took"),
+        h("dd", { "data-role": "took" }),
+        h("dt", {}, "Waiting"),
+        h("dd", { "data-role": "waiting" }),
+        h("dt", {}, "TTL left"),
+        h("dd", { "data-role": "ttl" }),
+        h("dt", {}, "PID"),
+        h("dd", { "data-role": "pid" }),
+      ),
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "button", "data-role": "load", "aria-label": `Load ${id}`, onclick: () => load(id) }, "Load"),
+        h("button", { type: "button", "data-role": "unload", "aria-label": `Unload ${id}`, onclick: () => unload(id) }, "Unload"),
+        h(
+          "button",
+          { type: "button", class: "danger", "data-role": "cancel", "aria-label": `Cancel load of ${id}`, onclick: () => cancelLoad(id) },
+          "Cancel load",
+        ),
+      ),
+    );
+    return el;
+  }
+
+  const part = (el, role) => el.querySelector(`[data-role="${role}"]`);
+
+  function update(el, model) {
+    const now = Date.now();
+    const info = store.listed.get(model.id);
+    el.dataset.state = model.state;
+    const state = part(el, "state");
+    state.dataset.state = model.state;
+    setText(state, model.state);
+    setText(part(el, "title"), info && info.name !== model.id ? info.name : info ? "" : "unlisted");
+    setAttr(part(el, "title"), "title", info?.description || null);
+    setText(part(el, "pid"), model.pid ?? "—");
+    const since = part(el, "since");
+    setText(since, model.loadedSince === null ? "—" : `${fmt.ago(now - model.loadedSince)} ago`);
+    setAttr(since, "title", model.loadedSince === null ? null : `ready since ${fmt.clock(model.loadedSince)}`);
+    let took = model.lastLoadMs === null ? "—" : fmt.duration(model.lastLoadMs);
+    if (model.state === "starting" && model.loadStarted !== null) {
+      took = `${fmt.duration(now - model.loadStarted)}…`;
+    }
+    setText(part(el, "took"), took);
+    const inFlight = store.inFlight(model.id);
+    let ttl = "—";
+    let ttlTitle = null;
+    if (info && info.ttl === null) {
+      ttl = "none";
+      ttlTitle = "no ttl: it stays loaded until evicted or unloaded";
+    } else if (model.state === "ready" && inFlight > 0) {
+      ttl = "paused";
+      ttlTitle = `the ${fmt.duration(info?.ttl * 1000)} countdown starts again when its requests finish`;
+    } else if (model.ttlDeadline !== null) {
+      ttl = fmt.duration(Math.max(0, model.ttlDeadline - now));
+      ttlTitle = `unloaded at ${fmt.clock(model.ttlDeadline)} if no request comes`;
+    }
+    setText(part(el, "ttl"), ttl);
+    setAttr(part(el, "ttl"), "title", ttlTitle);
+    setText(part(el, "inflight"), inFlight);
+    setText(part(el, "waiting"), store.waitingFor(model.id));
+    const waitingForLoad = [...store.requests.values()].some(
+      (request) => request.model === model.id && request.state === "loading",
+    );
+    part(el, "load").disabled = model.state !== "stopped" || loading.has(model.id);
+    part(el, "unload").disabled = model.state === "stopped";
+    part(el, "cancel").hidden = !(model.state === "starting" || waitingForLoad);
+    part(el, "cancel").disabled = !waitingForLoad;
+  }
+
+  const render = batched(() => {
+    const models = store.visibleModels().sort((a, b) => a.id.localeCompare(b.id));
+    syncList(grid, models, (model) => model.id, create, update);
+    $("#models-empty").hidden = models.length > 0;
+    const ready = models.filter((model) => model.state === "ready").length;
+    setText($("#models-count"), models.length ? `${ready} of ${models.length} ready` : "");
+  });
+
+  store.on((what) => {
+    if (["snapshot", "models", "requests", "tick"].includes(what)) render();
+  });
+  render();
+}

@@ -1,0 +1,162 @@
+// Queue: depth and oldest wait per band; the waiting requests in the order the scheduler
+// will serve them, with their scores; the requests loading or being served. Each has a
+// Cancel button (POST /api/inflight/{id}/cancel: its client gets a 499).
+
+import * as api from "./api.js";
+import { $, batched, h, setText, syncList, toast } from "./dom.js";
+import * as fmt from "./format.js";
+
+const FINISHED = new Set(["done", "failed", "cancelled"]);
+
+export function mountQueue(store) {
+  const bandsBody = $("#bands tbody");
+  const waitingBody = $("#waiting tbody");
+  const runningBody = $("#running tbody");
+  const cancelling = new Set();
+
+  async function cancel(id, button) {
+    cancelling.add(id);
+    button.disabled = true;
+    try {
+      await api.post(`api/inflight/${id}/cancel`);
+      toast(`Request #${id} cancelled`);
+    } catch (error) {
+      toast(`Cancel of #${id} failed: ${error.message}`, { bad: true });
+      cancelling.delete(id);
+      button.disabled = false;
+    }
+  }
+
+  // Time in the queue, counted on from the last event while it waits.
+  const waited = (request) =>
+    request.state === "queued" ? request.waited_ms + (performance.now() - request.at) : request.waited_ms;
+
+  const cancelButton = (request) => {
+    const button = h("button", { type: "button", class: "danger", "data-role": "cancel" }, "Cancel");
+    button.setAttribute("aria-label", `Cancel request #${request.id}`);
+    button.addEventListener("click", () => cancel(request.id, button));
+    return button;
+  };
+
+  const requestCell = (request) =>
+    h("td", {}, h("span", { class: "req-id" }, `#${request.id}`), " ", h("span", { class: "req-model" }, request.model));
+
+  const bandCell = (request) =>
+    h(
+      "td",
+      { title: `priority ${fmt.priority(request.priority)}` },
+      h("span", { class: "band", "data-band": request.band }, fmt.bandLabel(request.band)),
+    );
+
+  function createWaiting(request) {
+    return h(
+      "tr",
+      {},
+      h("td", { class: "num", "data-role": "pos" }),
+      requestCell(request),
+      bandCell(request),
+      h("td", { class: "num", "data-role": "score" }),
+      h("td", { class: "num", "data-role": "waited" }),
+      h("td", {}, cancelButton(request)),
+    );
+  }
+
+  function updateWaiting(row, entry) {
+    setText(row.querySelector('[data-role="pos"]'), entry.position);
+    setText(row.querySelector('[data-role="score"]'), fmt.score(entry.score));
+    setText(row.querySelector('[data-role="waited"]'), fmt.duration(waited(entry.request)));
+    row.querySelector('[data-role="cancel"]').disabled = cancelling.has(entry.request.id);
+  }
+
+  function createRunning(request) {
+    return h(
+      "tr",
+      {},
+      requestCell(request),
+      h("td", {}, h("span", { class: "state", "data-role": "state" })),
+      bandCell(request),
+      h("td", { class: "num", "data-role": "score" }),
+      h("td", { class: "num opt", "data-role": "waited" }),
+      h("td", {}, cancelButton(request)),
+    );
+  }
+
+  function updateRunning(row, request) {
+    const state = row.querySelector('[data-role="state"]');
+    state.dataset.state = request.state;
+    setText(state, request.state);
+    setText(row.querySelector('[data-role="score"]'), fmt.score(request.score));
+    setText(row.querySelector('[data-role="waited"]'), fmt.duration(waited(request)));
+    row.querySelector('[data-role="cancel"]').disabled = cancelling.has(request.id);
+  }
+
+  function createBand(band) {
+    return h(
+      "tr",
+      {},
+      h("td", {}, h("span", { class: "band", "data-band": band }, fmt.bandLabel(band))),
+      h("td", { class: "num", "data-role": "depth" }),
+      h("td", { class: "num", "data-role": "oldest" }),
+      h("td", { class: "band", "data-band": band }, h("div", { class: "bar", "data-role": "bar" })),
+    );
+  }
+
+  const render = batched(() => {
+    const queue = store.queue;
+    const since = performance.now() - queue.at;
+    const depths = fmt.BANDS.map((band) => queue.bands?.[band]?.depth ?? 0);
+    const most = Math.max(1, ...depths);
+    syncList(bandsBody, fmt.BANDS, (band) => band, createBand, (row, band) => {
+      const stats = queue.bands?.[band] ?? { depth: 0, oldest_wait_ms: 0 };
+      setText(row.querySelector('[data-role="depth"]'), stats.depth);
+      setText(
+        row.querySelector('[data-role="oldest"]'),
+        stats.depth ? fmt.duration(stats.oldest_wait_ms + since) : "—",
+      );
+      row.querySelector('[data-role="bar"]').style.width = `${(100 * stats.depth) / most}%`;
+    });
+
+    // The scheduler's order; requests queued since its last queue event go last.
+    const waiting = [];
+    const placed = new Set();
+    queue.order.forEach((id, index) => {
+      const request = store.requests.get(id);
+      if (request === undefined || request.state !== "queued") return;
+      placed.add(id);
+      waiting.push({ request, score: queue.scores[index] ?? request.score });
+    });
+    for (const request of store.requests.values()) {
+      if (request.state === "queued" && !placed.has(request.id)) {
+        waiting.push({ request, score: request.score });
+      }
+    }
+    waiting.forEach((entry, index) => {
+      entry.position = index + 1;
+    });
+    syncList(waitingBody, waiting, (entry) => entry.request.id, (entry) => createWaiting(entry.request), updateWaiting);
+    $("#waiting").hidden = waiting.length === 0;
+    $("#waiting-empty").hidden = waiting.length > 0;
+
+    const running = [...store.requests.values()]
+      .filter((request) => request.state !== "queued")
+      .sort((a, b) => a.id - b.id);
+    syncList(runningBody, running, (request) => request.id, createRunning, updateRunning);
+    $("#running").hidden = running.length === 0;
+    $("#running-empty").hidden = running.length > 0;
+
+    setText($("#queue-count"), `${waiting.length} waiting · ${running.length} in flight`);
+    const hint =
+      store.scheduler === "serial"
+        ? "first served first: by score = priority + affinity + aging"
+        : store.scheduler === "fifo"
+          ? "first served first: by priority, then arrival, per model"
+          : "";
+    setText($("#order-hint"), hint);
+  });
+
+  store.on((what, detail) => {
+    if (what === "requests" && FINISHED.has(detail.state)) cancelling.delete(detail.id);
+    if (["snapshot", "queue", "requests", "tick"].includes(what)) render();
+  });
+  render();
+}

@@ -1,0 +1,692 @@
+"""The web dashboard (``/ui/``) in a real browser, against a real llamaswap with fake models.
+
+Headless Chromium driven by Playwright's sync API. Each test starts the proxy on the Trio
+side (``proxy_factory``: the real CLI, real fake-server processes), then runs its browser
+part in one worker thread (``in_browser``), where Playwright's sync API lives; when the
+browser part needs a client to act at a given moment it calls back into Trio
+(``trio.from_thread.run``). Every wait in the browser is an auto-waiting ``expect(...)``
+with an explicit timeout, never a sleep.
+
+The browser is Debian's ``chromium`` (``apt-get install -y chromium``, which
+``./scripts/check`` runs when it can); Playwright's own browser download is not used.
+Without Playwright or without Chromium the browser tests skip, saying which is missing.
+
+``test_screenshots`` writes its pictures to a temporary directory, or to the directory
+named by ``$LLAMASWAP_UI_SCREENSHOTS`` (``docs/img`` refreshes the documentation's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar, final
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import REPO
+from tests.e2e.test_operations import cancelled_error, inflight
+from tests.e2e.test_proxy import chat, config, running
+
+with contextlib.suppress(ImportError):  # without it the browser tests skip, saying why
+    from playwright.sync_api import Locator, Page, expect, sync_playwright
+
+pytestmark = pytest.mark.ui
+
+T = TypeVar("T")
+
+CHROMIUM = Path(os.environ.get("LLAMASWAP_CHROMIUM", "/usr/bin/chromium"))
+UI_FILES = REPO / "llamaswap" / "ui"
+#: Milliseconds any one expectation may take: generous, for a loaded two-core machine.
+WAIT = 15_000
+PRIORITY = "X-LlamaSwap-Priority"
+
+
+def _browser_missing() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "Playwright is not installed: pip install -e '.[test]'"
+    if not os.access(CHROMIUM, os.X_OK):
+        return (
+            f"no Chromium at {CHROMIUM}: apt-get install -y chromium (./scripts/check does "
+            "it when run as root), or point LLAMASWAP_CHROMIUM at a Chromium binary"
+        )
+    return None
+
+
+BROWSER_MISSING = _browser_missing()
+needs_browser = pytest.mark.skipif(BROWSER_MISSING is not None, reason=BROWSER_MISSING or "")
+
+MODELS = config(
+    """
+[models.alpha]
+cmd = "${fake} --load-seconds 1 --tokens-per-second 10"
+name = "Alpha (fake)"
+ttl = 300
+[models.beta]
+cmd = "${fake}"
+[models.slow]
+cmd = "${fake} --load-seconds 60"
+"""
+)
+
+SERIAL = config(
+    """
+[models.alpha]
+cmd = "${fake} --tokens-per-second 10"
+[routing.scheduler]
+use = "serial"
+"""
+)
+
+
+# ------------------------------------------------------------------ the browser side
+
+
+@final
+class Tab:
+    """One page of the dashboard, and every error its console reported."""
+
+    def __init__(self, page: Page, url: str) -> None:
+        self.page = page
+        self.url = url
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+
+    def open(self) -> None:
+        """Load the dashboard and wait for its event stream to be live."""
+        self.page.goto(f"{self.url}/ui/")
+        expect(self.page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+
+    def model(self, name: str) -> Locator:
+        return self.page.get_by_role("article", name=f"Model {name}")
+
+    def column(self, column: str) -> Locator:
+        """The activity table's cells in ``column`` (by its ID), top to bottom."""
+        order: list[str] = self.page.locator("#activity thead th").evaluate_all(
+            "ths => ths.map(th => th.dataset.column)"
+        )
+        return self.page.locator(f"#activity tbody tr td:nth-child({order.index(column) + 1})")
+
+    def headings(self) -> list[str]:
+        ids: list[str] = self.page.locator("#activity thead th").evaluate_all(
+            "ths => ths.map(th => th.dataset.column)"
+        )
+        return ids
+
+
+def _run_in_browser(
+    url: str, body: Callable[[Tab], T], width: int, color_scheme: str, storage: Any
+) -> T:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM))
+        try:
+            context = browser.new_context(
+                viewport={"width": width, "height": 900},
+                color_scheme="dark" if color_scheme == "dark" else "light",
+                storage_state=storage,
+            )
+            page = context.new_page()
+            page.set_default_timeout(WAIT)
+            return body(Tab(page, url))
+        finally:
+            browser.close()
+
+
+async def in_browser(
+    url: str,
+    body: Callable[[Tab], T],
+    *,
+    width: int = 1280,
+    color_scheme: str = "light",
+    storage: Any = None,
+) -> T:
+    """Run ``body`` with a fresh browser on a worker thread (Playwright's sync API)."""
+    run = partial(_run_in_browser, url, body, width, color_scheme, storage)
+    return await trio.to_thread.run_sync(run)
+
+
+def state_of(card: Locator) -> Locator:
+    return card.locator('[data-role="state"]')
+
+
+# ------------------------------------------------------------------- the Trio side
+
+
+async def new_request(client: httpx.AsyncClient, known: set[int], state: str) -> int:
+    """The ID of a request not in ``known`` once it is in ``state`` (polls /api/inflight,
+    bounded by the caller's ``fail_after``: there is no event to wait on from outside)."""
+    while True:
+        for entry in await inflight(client):
+            if entry["id"] not in known and entry["state"] == state:
+                known.add(entry["id"])
+                return int(entry["id"])
+        await trio.sleep(0.02)
+
+
+def blocking(function: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """From the browser's thread: run ``function(*args)`` in Trio and wait for it."""
+    return trio.from_thread.run(function, *args)
+
+
+# ------------------------------------------------------------------------- tests
+
+
+async def test_the_files_are_served_without_a_key_and_nothing_else_is(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.beta]\ncmd = "${fake}"', apiKeys=["sk-ui-1"]))
+    async with proxy.client() as client:
+        moved = await client.get("/ui")
+        assert (moved.status_code, moved.headers["location"]) == (308, "ui/")
+        index = await client.get("/ui/")
+        assert index.status_code == 200
+        assert index.headers["content-type"] == "text/html; charset=utf-8"
+        assert "script-src 'self'" in index.headers["content-security-policy"]
+        assert index.headers["cache-control"] == "no-cache"
+        assert '<script type="module" src="js/app.js">' in index.text
+        script = await client.get("/ui/js/app.js")
+        assert (script.status_code, script.headers["content-type"]) == (
+            200,
+            "text/javascript; charset=utf-8",
+        )
+        assert (await client.get("/ui/style.css")).status_code == 200
+        assert (await client.get("/ui/missing.js")).status_code == 404
+        assert (await client.get("/ui/js")).status_code == 404  # a directory, or any other type
+        for path in ("/api/events", "/v1/models", "/logs", "/api/activity", "/uix"):
+            refused = await client.get(path)
+            assert refused.status_code == 401, path
+        key = {"Authorization": "Bearer sk-ui-1"}
+        assert (await client.get("/v1/models", headers=key)).status_code == 200
+
+
+def test_the_whole_page_is_small() -> None:
+    files = [path for path in UI_FILES.rglob("*") if path.is_file()]
+    assert {path.suffix for path in files} <= {".html", ".js", ".css", ".svg"}
+    assert sum(path.stat().st_size for path in files) < 200_000
+
+
+@needs_browser
+async def test_the_page_loads_live_with_no_console_error(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(MODELS)
+
+    def body(tab: Tab) -> None:
+        page = tab.page
+        page.goto(f"{tab.url}/ui")  # redirected to /ui/
+        assert page.url == f"{tab.url}/ui/"
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+        cards = page.locator("#models article")
+        expect(cards.locator(".model-name")).to_have_text(["alpha", "beta", "slow"], timeout=WAIT)
+        for name in ("alpha", "beta", "slow"):
+            expect(state_of(tab.model(name))).to_have_text("stopped", timeout=WAIT)
+        expect(tab.model("alpha").locator(".model-title")).to_have_text("Alpha (fake)")
+        expect(page.locator("#sched")).to_have_text("scheduler: fifo", timeout=WAIT)
+        expect(page.locator("#version")).to_contain_text("llamaswap ", timeout=WAIT)
+        expect(page.locator("#bands tbody tr")).to_have_count(5, timeout=WAIT)
+        # Keyboard: the tabs move with the arrow keys.
+        page.get_by_role("tab", name="Activity").focus()
+        page.keyboard.press("ArrowRight")
+        expect(page.get_by_role("tab", name="Logs")).to_be_focused(timeout=WAIT)
+        expect(page.get_by_role("tab", name="Logs")).to_have_attribute("aria-selected", "true")
+        expect(page.locator("#logs-panel")).to_be_visible(timeout=WAIT)
+        expect(page.locator("#activity-panel")).to_be_hidden(timeout=WAIT)
+        expect(page.locator("#log")).to_contain_text("Running on http://", timeout=WAIT)
+        assert tab.errors == []
+
+    await in_browser(proxy.url, body)
+
+
+@needs_browser
+async def test_load_unload_and_cancel_a_load_from_the_page(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            page.evaluate("window.sameDocument = true")  # gone if the page reloaded
+            alpha = tab.model("alpha")
+            alpha.get_by_role("button", name="Load alpha", exact=True).click()
+            expect(state_of(alpha)).to_have_text("starting", timeout=WAIT)
+            expect(alpha.get_by_role("button", name="Load alpha", exact=True)).to_be_disabled()
+            expect(state_of(alpha)).to_have_text("ready", timeout=WAIT)
+            pid = alpha.locator('[data-role="pid"]')
+            expect(pid).to_have_text(re.compile(r"^\d+$"), timeout=WAIT)
+            # --load-seconds 1: starting → ready took a second or two.
+            took = alpha.locator('[data-role="took"]')
+            expect(took).to_have_text(re.compile(r"^[12]\.\d\d s$"), timeout=WAIT)
+            expect(alpha.locator('[data-role="ttl"]')).to_have_text(
+                re.compile(r"^[45]m \d\ds$"), timeout=WAIT
+            )
+            assert blocking(running, client)["alpha"]["pid"] == int(pid.inner_text())
+
+            alpha.get_by_role("button", name="Unload alpha").click()
+            expect(state_of(alpha)).to_have_text("stopped", timeout=WAIT)
+            expect(pid).to_have_text("—", timeout=WAIT)
+            assert blocking(running, client) == {}
+
+            slow = tab.model("slow")  # --load-seconds 60
+            cancel = slow.get_by_role("button", name="Cancel load of slow")
+            expect(cancel).to_be_hidden(timeout=WAIT)
+            slow.get_by_role("button", name="Load slow", exact=True).click()
+            expect(state_of(slow)).to_have_text("starting", timeout=WAIT)
+            cancel.click()
+            expect(state_of(slow)).to_have_text("stopped", timeout=WAIT)
+            expect(page.locator("#toasts")).to_contain_text("Cancelled the load of slow")
+            assert page.evaluate("window.sameDocument") is True
+            # The page's own load request was the one cancelled: its 499 is logged.
+            assert all("status of 499" in error for error in tab.errors), tab.errors
+
+        await in_browser(proxy.url, body)
+        assert await running(client) == {}
+        assert "model 'slow': stopped" in proxy.output.text()
+
+
+@needs_browser
+async def test_the_queue_in_score_order_and_cancel_from_the_page(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(SERIAL)
+    answers: dict[str, httpx.Response] = {}
+    ids: dict[str, int] = {}
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+
+        async def send(name: str, priority: str, max_tokens: int) -> None:
+            body = chat("alpha", max_tokens=max_tokens)
+            headers = {PRIORITY: priority}
+            answers[name] = await client.post("/v1/chat/completions", json=body, headers=headers)
+
+        with trio.fail_after(30):
+            known: set[int] = set()
+            nursery.start_soon(send, "holder", "normal", 600)  # a minute at 10 tokens/s
+            ids["holder"] = await new_request(client, known, "serving")
+            for band in ("batch", "normal", "interactive"):  # the worst first
+                nursery.start_soon(send, band, band, 1)
+                ids[band] = await new_request(client, known, "queued")
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            waiting = page.locator("#waiting tbody tr")
+            first_served_first = [f"#{ids[band]} alpha" for band in ("interactive", "normal")]
+            first_served_first.append(f"#{ids['batch']} alpha")
+            expect(waiting.locator("td:nth-child(2)")).to_have_text(
+                first_served_first, timeout=WAIT
+            )
+            # score = priority + affinity (alpha is loaded) + a little aging
+            scores = [r"^1[01]\d\.\d$", r"^1?\d\.\d$", r"^-(8\d|9\d|100)\.\d$"]
+            expect(waiting.locator("td:nth-child(4)")).to_have_text(
+                [re.compile(score) for score in scores], timeout=WAIT
+            )
+            expect(waiting.locator("td:nth-child(1)")).to_have_text(["1", "2", "3"])
+            depths = page.locator("#bands tbody tr td:nth-child(2)")
+            expect(depths).to_have_text(["0", "1", "1", "1", "0"], timeout=WAIT)
+            serving = page.locator(f'#running tbody tr[data-key="{ids["holder"]}"]')
+            expect(serving.locator('[data-role="state"]')).to_have_text("serving", timeout=WAIT)
+            alpha = tab.model("alpha")
+            expect(alpha.locator('[data-role="inflight"]')).to_have_text("1", timeout=WAIT)
+            expect(alpha.locator('[data-role="waiting"]')).to_have_text("3", timeout=WAIT)
+            expect(alpha.locator('[data-role="ttl"]')).to_have_text("none", timeout=WAIT)
+
+            row = page.locator(f'#waiting tbody tr[data-key="{ids["normal"]}"]')
+            row.get_by_role("button", name="Cancel").click()
+            expect(row).to_have_count(0, timeout=WAIT)
+            expect(waiting.locator("td:nth-child(2)")).to_have_text(
+                [first_served_first[0], first_served_first[2]], timeout=WAIT
+            )
+            expect(depths).to_have_text(["0", "1", "0", "1", "0"], timeout=WAIT)
+            assert tab.errors == []
+
+        await in_browser(proxy.url, body)
+        with trio.fail_after(10):
+            while "normal" not in answers:  # noqa: ASYNC110 (the client's own task answers)
+                await trio.sleep(0.02)
+        cancelled_error(answers["normal"], ids["normal"])
+        assert {entry["id"] for entry in await inflight(client)} == {
+            ids["holder"],
+            ids["interactive"],
+            ids["batch"],
+        }
+        nursery.cancel_scope.cancel()
+
+
+@needs_browser
+async def test_the_activity_table_sorts_filters_moves_columns_and_updates_live(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            for priority in ("interactive", "batch", "normal"):
+                headers = {PRIORITY: priority}
+                answer = await client.post(
+                    "/v1/chat/completions", json=chat("beta"), headers=headers
+                )
+                assert answer.status_code == 200
+            missing = await client.post("/v1/chat/completions", json=chat("nope"))
+            assert missing.status_code == 404
+
+        async def one_more() -> None:
+            headers = {PRIORITY: "7"}
+            answer = await client.post("/v1/chat/completions", json=chat("beta"), headers=headers)
+            assert answer.status_code == 200
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            rows = page.locator("#activity tbody tr")
+            expect(rows).to_have_count(4, timeout=WAIT)
+            ids = [int(text) for text in tab.column("id").all_inner_texts()]
+            assert ids == sorted(ids, reverse=True)  # newest first
+            expect(tab.column("status")).to_have_text(["404", "200", "200", "200"])
+            expect(tab.column("priority")).to_have_text(["0", "0", "-100", "+100"])
+            expect(tab.column("band")).to_have_text(["normal", "normal", "batch", "interactive"])
+
+            # Live: a new request shows at the top, without a reload.
+            blocking(one_more)
+            expect(rows).to_have_count(5, timeout=WAIT)
+            expect(tab.column("priority").first).to_have_text("+7", timeout=WAIT)
+
+            # Sorting: numbers high to low first, then low to high.
+            page.get_by_role("button", name="Priority").click()
+            heading = page.locator('#activity th[data-column="priority"]')
+            expect(heading).to_have_attribute("aria-sort", "descending")
+            expect(tab.column("priority")).to_have_text(["+100", "+7", "0", "0", "-100"])
+            page.get_by_role("button", name="Priority").click()
+            expect(heading).to_have_attribute("aria-sort", "ascending")
+            expect(tab.column("priority")).to_have_text(["-100", "0", "0", "+7", "+100"])
+
+            # Filters.
+            filters = page.locator("#activity-filters")
+            filters.get_by_label("Band").select_option("batch")
+            expect(tab.column("band")).to_have_text(["batch"], timeout=WAIT)
+            filters.get_by_label("Band").select_option("")
+            filters.get_by_label("Status").select_option("4xx")
+            expect(tab.column("status")).to_have_text(["404"], timeout=WAIT)
+            filters.get_by_label("Status").select_option("")
+            filters.get_by_label("Model").select_option("beta")
+            expect(rows).to_have_count(4, timeout=WAIT)
+            filters.get_by_label("Model").select_option("")
+
+            # Columns move: drag a heading onto another, or Shift+arrow on it.
+            assert tab.headings()[:2] == ["time", "id"]
+            page.locator('#activity th[data-column="status"]').drag_to(
+                page.locator('#activity th[data-column="time"]')
+            )
+            expect(page.locator("#activity thead th").first).to_have_attribute(
+                "data-column", "status", timeout=WAIT
+            )
+            # sorted by priority, ascending; a tie is newest first
+            expect(tab.column("status")).to_have_text(["200", "404", "200", "200", "200"])
+            page.get_by_role("button", name="Status").press("Shift+ArrowRight")
+            expect(page.locator("#activity thead th").nth(1)).to_have_attribute(
+                "data-column", "status", timeout=WAIT
+            )
+            expect(page.get_by_role("button", name="Status")).to_be_focused()
+            # Remembered: the same after a reload.
+            page.reload()
+            expect(page.locator("#activity thead th").nth(1)).to_have_attribute(
+                "data-column", "status", timeout=WAIT
+            )
+            expect(heading).to_have_attribute("aria-sort", "ascending")
+            assert tab.errors == []
+
+        await in_browser(proxy.url, body)
+
+
+@needs_browser
+async def test_logs_stream_live_with_a_model_picker_and_search(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+
+        async def ask(model: str) -> None:
+            answer = await client.post("/v1/chat/completions", json=chat(model))
+            assert answer.status_code == 200
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            page.get_by_role("tab", name="Logs").click()
+            log = page.locator("#log")
+            page.get_by_label("Source").select_option("beta")
+            blocking(ask, "beta")
+            expect(log).to_contain_text("request POST /v1/chat/completions", timeout=WAIT)
+            expect(log).not_to_contain_text("llamaswap.process")  # beta's output only
+
+            page.get_by_label("Source").select_option("")  # everything
+            expect(log).to_contain_text("model 'beta': ready", timeout=WAIT)
+            expect(page.locator("#log .src").first).to_have_text("[beta] ", timeout=WAIT)
+
+            page.get_by_label("Search").fill("post /v1/chat")
+            lines = page.locator("#log .line")
+            expect(lines).to_have_count(1, timeout=WAIT)
+            expect(page.locator("#log mark")).to_have_text(["POST /v1/chat"])
+            blocking(ask, "beta")  # a new matching line arrives while searching
+            expect(lines).to_have_count(2, timeout=WAIT)
+
+            page.get_by_label("Search").fill("")
+            page.get_by_label("Source").select_option("-")  # llamaswap only
+            expect(log).to_contain_text("model 'beta': ready", timeout=WAIT)
+            expect(page.locator("#log .src")).to_have_count(0, timeout=WAIT)
+            assert tab.errors == []
+
+        await in_browser(proxy.url, body)
+
+
+@needs_browser
+async def test_the_playground_follows_its_request_through_the_load(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(MODELS)
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        page.get_by_role("tab", name="Playground").click()
+        page.locator("#playground-panel").get_by_label("Model").select_option(
+            "alpha"
+        )  # --load-seconds 1
+        page.get_by_label("Priority").select_option("interactive")
+        page.get_by_label("Max tokens").fill("5")
+        page.get_by_role("button", name="Send", exact=True).click()
+        card = page.locator("#runs li").first
+        expect(card.locator('[data-step="done"]')).to_have_class("done", timeout=WAIT)
+        for step in ("sent", "queued", "loading", "streaming"):
+            expect(card.locator(f'[data-step="{step}"]')).to_have_class("done")
+        expect(card.locator(".run-head strong")).to_have_text(re.compile(r"^#\d+$"))
+        expect(card.locator(".run-out")).to_have_text(re.compile(r"^\S+( \S+){4}$"))
+        expect(card.locator(".run-note")).to_contain_text("5 chunk(s)")
+        expect(state_of(tab.model("alpha"))).to_have_text("ready", timeout=WAIT)
+        assert tab.errors == []
+
+    await in_browser(proxy.url, body)
+    async with proxy.client() as client:
+        (record,) = (await client.get("/api/activity", params={"model": "alpha"})).json()[
+            "activity"
+        ]
+    assert (record["priority"], record["band"], record["status"]) == (100, "interactive", 200)
+
+
+@needs_browser
+async def test_the_reload_button_and_the_result_of_the_last_reload(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.beta]\ncmd = "${fake}"'))
+    original = await trio.Path(proxy.config).read_text()
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        button = page.get_by_role("button", name="Reload config")
+        summary = page.locator("#reload-summary")
+        button.click()
+        expect(summary).to_contain_text("(api): nothing changed", timeout=WAIT)
+
+        proxy.config.write_text(original + '\n[models.gamma]\ncmd = "${fake}"\n')
+        button.click()
+        expect(summary).to_contain_text("(api): 1 added", timeout=WAIT)
+        expect(state_of(tab.model("gamma"))).to_have_text("stopped", timeout=WAIT)
+
+        proxy.config.write_text(original + "\n[models.delta]\ncmd = 'x'\nttl = 'soon'\n")
+        button.click()
+        expect(summary).to_contain_text("Reload refused", timeout=WAIT)
+        summary.click()
+        expect(page.locator("#reload-details")).to_contain_text("models.delta.ttl", timeout=WAIT)
+        expect(state_of(tab.model("gamma"))).to_have_text("stopped")  # the config stays
+        assert all("status of 400" in error for error in tab.errors), tab.errors
+
+    await in_browser(proxy.url, body)
+
+
+@needs_browser
+async def test_with_api_keys_the_page_is_refused_until_a_key_is_given(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.beta]\ncmd = "${fake}"', apiKeys=["sk-ui-1"]))
+
+    def body(tab: Tab) -> Any:
+        page = tab.page
+        urls: list[str] = []
+        authorizations: list[str | None] = []
+
+        def seen(request: Any) -> None:
+            urls.append(request.url)
+            if request.url.endswith("/api/events"):
+                authorizations.append(request.headers.get("authorization"))
+
+        page.on("request", seen)
+        page.goto(f"{tab.url}/ui/")
+        dialog = page.get_by_role("dialog", name="API key needed")
+        expect(dialog).to_be_visible(timeout=WAIT)
+        expect(page.locator("#models article")).to_have_count(0)
+        expect(page.locator("#conn")).not_to_have_attribute("data-state", "live")
+
+        page.get_by_label("Key", exact=True).fill("sk-wrong")
+        page.get_by_role("button", name="Use key").click()
+        expect(page.locator("#key-error")).to_have_text("That key was refused.", timeout=WAIT)
+        expect(dialog).to_be_visible()
+        expect(page.locator("#models article")).to_have_count(0)
+
+        page.get_by_label("Key", exact=True).fill("sk-ui-1")
+        page.get_by_role("button", name="Use key").click()
+        expect(dialog).to_be_hidden(timeout=WAIT)
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+        expect(state_of(tab.model("beta"))).to_have_text("stopped", timeout=WAIT)
+        assert authorizations[-1] == "Bearer sk-ui-1"
+        assert None in authorizations  # the first try, before the key was asked for
+
+        page.reload()  # asked once: the tab remembers it
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+        expect(dialog).to_be_hidden()
+        assert not [url for url in urls if "sk-" in url]
+        return page.context.storage_state()
+
+    storage = await in_browser(proxy.url, body)
+    # Not asked to remember it: a new browser session asks again.
+    assert "sk-ui-1" not in json.dumps(storage)
+
+
+@needs_browser
+async def test_screenshots_in_light_and_dark_at_1280_and_390_pixels(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+    await trio.Path(target).mkdir(parents=True, exist_ok=True)
+    proxy = await proxy_factory(
+        config(
+            """
+[models.chat]
+cmd = "${fake} --load-seconds 1 --tokens-per-second 10"
+name = "Chat (fake)"
+ttl = 300
+[models.coder]
+cmd = "${fake} --load-seconds 2 --tokens-per-second 20"
+name = "Coder (fake)"
+[models.embed]
+cmd = "${fake}"
+[routing.scheduler]
+use = "serial"
+"""
+        )
+    )
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+
+        async def send(model: str, priority: str, max_tokens: int) -> None:
+            body = chat(model, max_tokens=max_tokens)
+            await client.post("/v1/chat/completions", json=body, headers={PRIORITY: priority})
+
+        async def busy() -> None:
+            """Some history, then chat serving a long answer with three more waiting."""
+            with trio.fail_after(30):
+                await send("coder", "batch", 8)
+                await send("nope", "normal", 1)
+                await send("chat", "interactive", 12)
+                known = {entry["id"] for entry in await inflight(client)}
+                nursery.start_soon(send, "chat", "normal", 600)
+                await new_request(client, known, "serving")
+                for priority in ("batch", "normal", "interactive"):
+                    nursery.start_soon(send, "chat", priority, 4)
+                    await new_request(client, known, "queued")
+
+        def light(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            page.get_by_role("tab", name="Playground").click()
+            page.locator("#playground-panel").get_by_label("Model").select_option("chat")
+            page.get_by_label("Max tokens").fill("24")
+            page.get_by_role("button", name="Send", exact=True).click()
+            card = page.locator("#runs li").first
+            expect(card.locator('[data-step="done"]')).to_have_class("done", timeout=WAIT)
+            blocking(busy)
+            page.get_by_label("Priority").select_option("interactive")
+            page.get_by_role("button", name="Send", exact=True).click()
+            expect(page.locator("#waiting tbody tr")).to_have_count(4, timeout=WAIT)
+            expect(page.locator("#runs li").first.locator('[data-step="queued"]')).to_have_class(
+                "now", timeout=WAIT
+            )
+            page.screenshot(path=target / "dashboard.png", full_page=True)
+            page.locator("#models-panel").screenshot(path=target / "models.png")
+            page.locator("#queue-panel").screenshot(path=target / "queue.png")
+            page.locator(".tabs-panel").screenshot(path=target / "playground.png")
+            page.get_by_role("tab", name="Activity").click()
+            expect(page.locator("#activity tbody tr")).to_have_count(4, timeout=WAIT)
+            page.locator(".tabs-panel").screenshot(path=target / "activity.png")
+            page.get_by_role("tab", name="Logs").click()
+            expect(page.locator("#log")).to_contain_text("model 'chat': ready", timeout=WAIT)
+            page.get_by_label("Search").fill("chat")
+            expect(page.locator("#log mark").first).to_have_text("chat", timeout=WAIT)
+            page.locator(".tabs-panel").screenshot(path=target / "logs.png")
+            assert tab.errors == []
+
+        def dark(tab: Tab, width: int) -> tuple[str, bool]:
+            tab.open()
+            page = tab.page
+            # The playground's request left with the first browser: three wait.
+            expect(page.locator("#waiting tbody tr")).to_have_count(3, timeout=WAIT)
+            page.screenshot(path=target / f"dashboard-dark-{width}.png", full_page=width < 600)
+            background: str = page.evaluate("getComputedStyle(document.body).backgroundColor")
+            fits: bool = page.evaluate(
+                "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+            )
+            return background, fits
+
+        await in_browser(proxy.url, light)
+        wide = await in_browser(proxy.url, partial(dark, width=1280), color_scheme="dark")
+        assert wide == ("rgb(15, 18, 23)", True)
+        phone = await in_browser(
+            proxy.url, partial(dark, width=390), width=390, color_scheme="dark"
+        )
+        assert phone == ("rgb(15, 18, 23)", True)  # no sideways scrolling at 390 px
+        nursery.cancel_scope.cancel()
+    for name in ("dashboard", "models", "queue", "activity", "logs", "playground"):
+        assert (await trio.Path(target / f"{name}.png").stat()).st_size > 5_000
