@@ -654,18 +654,26 @@ use = "serial"
             expect(page.locator("#runs li").first.locator('[data-step="queued"]')).to_have_class(
                 "now", timeout=WAIT
             )
-            page.screenshot(path=target / "dashboard.png", full_page=True)
-            page.locator("#models-panel").screenshot(path=target / "models.png")
-            page.locator("#queue-panel").screenshot(path=target / "queue.png")
-            page.locator(".tabs-panel").screenshot(path=target / "playground.png")
+            page.screenshot(path=target / "dashboard.png", full_page=True, animations="disabled")
+            page.locator("#models-panel").screenshot(
+                path=target / "models.png", animations="disabled"
+            )
+            page.locator("#queue-panel").screenshot(
+                path=target / "queue.png", animations="disabled"
+            )
+            page.locator(".tabs-panel").screenshot(
+                path=target / "playground.png", animations="disabled"
+            )
             page.get_by_role("tab", name="Activity").click()
             expect(page.locator("#activity tbody tr")).to_have_count(4, timeout=WAIT)
-            page.locator(".tabs-panel").screenshot(path=target / "activity.png")
+            page.locator(".tabs-panel").screenshot(
+                path=target / "activity.png", animations="disabled"
+            )
             page.get_by_role("tab", name="Logs").click()
             expect(page.locator("#log")).to_contain_text("model 'chat': ready", timeout=WAIT)
             page.get_by_label("Search").fill("chat")
             expect(page.locator("#log mark").first).to_have_text("chat", timeout=WAIT)
-            page.locator(".tabs-panel").screenshot(path=target / "logs.png")
+            page.locator(".tabs-panel").screenshot(path=target / "logs.png", animations="disabled")
             assert tab.errors == []
 
         def dark(tab: Tab, width: int) -> tuple[str, bool]:
@@ -673,7 +681,11 @@ use = "serial"
             page = tab.page
             # The playground's request left with the first browser: three wait.
             expect(page.locator("#waiting tbody tr")).to_have_count(3, timeout=WAIT)
-            page.screenshot(path=target / f"dashboard-dark-{width}.png", full_page=width < 600)
+            page.screenshot(
+                path=target / f"dashboard-dark-{width}.png",
+                full_page=width < 600,
+                animations="disabled",
+            )
             background: str = page.evaluate("getComputedStyle(document.body).backgroundColor")
             fits: bool = page.evaluate(
                 "document.documentElement.scrollWidth <= document.documentElement.clientWidth"

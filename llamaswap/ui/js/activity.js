@@ -293,7 +293,7 @@ export function mountActivity(store) {
       for (const record of store.activity) add(record);
       fetchRecords(); // a fresh connection: whatever finished while we were away
     } else if (what === "activity") {
-      fresh.add(detail.id);
+      if (visible) fresh.add(detail.id); // flashes once as it arrives, if it is seen arriving
       add(detail);
     } else if (what !== "models") {
       return;

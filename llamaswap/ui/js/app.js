@@ -26,6 +26,7 @@ function openKeyDialog(message) {
 }
 
 function askForKey(message) {
+  store.setConnection("key");
   openKeyDialog(message);
   return new Promise((resolve) => waitingForKey.push(resolve));
 }
@@ -95,6 +96,7 @@ function renderConnection() {
   $("#conn").dataset.state = state;
   let text = "connecting…";
   if (state === "live") text = "live";
+  if (state === "key") text = "waiting for an API key";
   if (state === "retrying") {
     const seconds = Math.max(0, Math.ceil((retryAt - Date.now()) / 1000));
     text = `disconnected, retrying in ${seconds} s`;
