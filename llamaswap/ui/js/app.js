@@ -68,7 +68,10 @@ async function follow() {
       if (!response.ok) throw new api.ApiError(response.status, null);
       for await (const message of api.events(response, controller.signal)) {
         const event = JSON.parse(message.data);
-        if (event.type === "dropped") break;
+        if (event.type === "dropped") {
+          controller.abort(); // we fell behind: start again from a fresh snapshot, now
+          break;
+        }
         if (event.type === "snapshot") {
           store.setConnection("live");
           delay = 1000;

@@ -20,7 +20,7 @@ export function mountPlayground(store) {
   const modelSelect = $("#play-model");
   const list = $("#runs");
   const runs = [];
-  const seen = new Set(); // request IDs that existed before a card was sent, or are claimed
+  let newest = -1; // the highest request ID seen: IDs only grow, so a card's is above it
 
   function renderModels() {
     const local = store.visibleModels().map((model) => model.id).sort();
@@ -135,6 +135,7 @@ export function mountPlayground(store) {
       band: priorityName === "interactive" || priorityName === "batch" ? priorityName : "normal",
       priority: PRIORITIES[priorityName],
       id: null,
+      after: -1,
       step: "sent",
       visited: new Set(["sent"]),
       sentAt: performance.now(),
@@ -153,7 +154,8 @@ export function mountPlayground(store) {
       controller: new AbortController(),
       el: null,
     };
-    for (const id of store.requests.keys()) seen.add(id);
+    for (const id of store.requests.keys()) newest = Math.max(newest, id);
+    run.after = newest;
     runs.unshift(run);
     list.prepend(card(run));
     while (runs.length > KEPT) runs.pop().el.root.remove();
@@ -217,12 +219,14 @@ export function mountPlayground(store) {
   // Follow the cards' requests through the event stream.
   function onRequest(event) {
     let run = runs.find((r) => r.id === event.id);
-    if (run === undefined && event.state === "queued" && !seen.has(event.id)) {
-      const candidates = runs.filter((r) => r.id === null && r.model === event.model && !r.finished).reverse();
+    if (run === undefined && event.state === "queued") {
+      const candidates = runs
+        .filter((r) => r.id === null && r.model === event.model && !r.finished && event.id > r.after)
+        .reverse(); // oldest card first
       run = candidates.find((r) => r.priority === event.priority) ?? candidates[0];
-      seen.add(event.id);
       if (run) run.id = event.id;
     }
+    newest = Math.max(newest, event.id);
     if (run === undefined) return;
     if (event.state === "queued") advance(run, "queued");
     else if (event.state === "loading") advance(run, "loading");
