@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from fractions import Fraction
 
 from hypothesis import given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from llamaswap.config.model import GroupConfig
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
-from llamaswap.schedulers.base import Decision, Grant, JoinSwap, Ticket
+from llamaswap.schedulers.base import Decision, Grant, JoinSwap, StartSwap, Ticket
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld
 
@@ -33,15 +34,22 @@ requests = st.lists(
 )
 
 
-def needs_eviction(model: str, states: dict[str, ModelState]) -> bool:
+def needs_eviction(
+    model: str, states: dict[str, ModelState], loading: Set[str] = frozenset()
+) -> bool:
     """GROUPS by hand: ``c`` and ``d`` run beside anything; ``a`` and ``b`` (no group:
-    swap and exclusive) stop every other running model."""
-    running = {m for m, state in states.items() if state is not ModelState.STOPPED}
+    swap and exclusive) stop every other running model, or model being loaded."""
+    running = {m for m, state in states.items() if state is not ModelState.STOPPED} | loading
     return model in ("a", "b") and bool(running - {model})
 
 
 def brute_force(
-    states: dict[str, ModelState], waiting: list[Ticket], now_ms: int, divisor_ms: int, bonus: int
+    states: dict[str, ModelState],
+    waiting: list[Ticket],
+    now_ms: int,
+    divisor_ms: int,
+    bonus: int,
+    loading: Set[str] = frozenset(),
 ) -> Ticket:
     """The best score computed from the inputs alone, in exact arithmetic."""
 
@@ -50,7 +58,7 @@ def brute_force(
             Fraction(now_ms - round(t.arrival * 1000), divisor_ms) if divisor_ms else Fraction()
         )
         ready = states.get(t.model) is ModelState.READY
-        affinity = min(bonus, 99) if ready and not needs_eviction(t.model, states) else 0
+        affinity = min(bonus, 99) if ready and not needs_eviction(t.model, states, loading) else 0
         return (t.priority + affinity + aging, -t.seq)
 
     return max(waiting, key=score)
@@ -164,20 +172,23 @@ def test_with_slots_every_slot_goes_to_the_brute_force_best(
     now_ms = 10**6 + 1
     fx.time = now_ms / 1000
     held = [blocker]
+    completed = 0  # fx.swaps[:completed] have been played to their end
 
     def check(decisions: list[Decision]) -> None:
+        loading = {swap.target for swap in fx.swaps[completed:]}  # loads in progress
         for decision in decisions:
+            if isinstance(decision, StartSwap):
+                loading.add(decision.swap.target)
             if isinstance(decision, (Grant, JoinSwap)) and decision.ticket not in held:
-                expected = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus)
+                expected = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus, loading)
                 assert decision.ticket is expected
                 assert not held or held[0].model == expected.model
                 remaining.remove(expected)
                 held.append(expected)
         if remaining and held and len(held) < slots:
-            best = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus)
+            best = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus, loading)
             assert best.model != held[0].model  # a free slot waits only for a swap
 
-    completed = 0
     for _ in range(4 * len(requests) + 4):
         if not held:
             break
@@ -185,7 +196,7 @@ def test_with_slots_every_slot_goes_to_the_brute_force_best(
         check(scheduler.on_finish(finished))
         while completed < len(fx.swaps):  # play each load to its end
             before = len(fx.decisions)
-            fx.complete(scheduler, fx.swaps[completed])
             completed += 1
+            fx.complete(scheduler, fx.swaps[completed - 1])
             check(fx.decisions[before:])
     assert remaining == []
