@@ -148,7 +148,6 @@ async def serve(
         hub = EventHub()
         logs = Logs(own_log, lambda: {m: s.log for m, s in router.supervisors.items()})
         app = create_app(
-            config,
             router,
             pool,
             config_path=config_path,

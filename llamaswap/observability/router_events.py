@@ -30,8 +30,7 @@ import trio
 
 from llamaswap.process import ModelState
 from llamaswap.router.lease import RequestInfo, ticket_info
-from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Scheduler, Ticket
-from llamaswap.schedulers.serial import SerialScheduler
+from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket
 
 from .activity import ActivityLog, ActivityRecord
 from .events import Event, EventHub
@@ -128,7 +127,9 @@ class RouterEvents:
             "loading": stats.loading,
             "bands": bands,
             "order": [ticket.seq for ticket in queued],  # the waiting IDs (Router.queue_order)
-            "scores": _scores(scheduler, queued),
+            "scores": [
+                None if score is None else round(score, 3) for score in scheduler.scores(queued)
+            ],
         }
 
     def _queue_event(self) -> Event | None:
@@ -154,24 +155,6 @@ def _from_info(info: RequestInfo, state: str, now: float, error: str | None = No
         "waited_ms": _ms(waited),
         "error": error,
     }
-
-
-def _scores(scheduler: Scheduler, queued: list[Ticket]) -> list[float | None]:
-    """Each waiting request's score as things stand: what ``serial``'s next pick compares
-    (priority + affinity + aging), or its score at the pick for the one holding the slot
-    while a busy model drains. ``fifo`` scores nothing: ``None`` each."""
-    if not isinstance(scheduler, SerialScheduler):
-        return [None] * len(queued)
-    affinity: dict[str, bool] = {}
-    scores: list[float | None] = []
-    for ticket in queued:
-        if ticket.score is None:
-            if ticket.model not in affinity:
-                affinity[ticket.model] = scheduler.affinity(ticket.model)
-            scores.append(round(scheduler.score(ticket, affinity=affinity[ticket.model]), 3))
-        else:
-            scores.append(round(ticket.score, 3))
-    return scores
 
 
 def _from_ticket(ticket: Ticket, state: str, error: str | None = None) -> Event:

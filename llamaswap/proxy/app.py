@@ -23,7 +23,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from llamaswap.config.model import REQUEST_BODY_TIMEOUT, Config
+from llamaswap.config.model import REQUEST_BODY_TIMEOUT
 from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
@@ -147,7 +147,6 @@ def _json(document: Any) -> Response:
 
 
 def create_app(
-    config: Config,
     router: Router,
     pool: UpstreamPool,
     *,

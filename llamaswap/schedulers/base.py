@@ -221,4 +221,8 @@ class Scheduler(Protocol):
         """Every request not yet dispatched, in the order it would serve them as things
         stand now (for positions, the queue view and the events; O(n log n))."""
 
+    def scores(self, tickets: list[Ticket]) -> list[float | None]:
+        """Each ticket's score as the next pick would see it; ``None`` where this
+        scheduler does not score (``fifo``)."""
+
     def statistics(self) -> SchedulerStatistics: ...

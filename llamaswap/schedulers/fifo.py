@@ -116,6 +116,9 @@ class FifoScheduler:
     def queued(self) -> list[Ticket]:
         return self._queue.ordered()
 
+    def scores(self, tickets: list[Ticket]) -> list[float | None]:
+        return [None] * len(tickets)
+
     def statistics(self) -> SchedulerStatistics:
         ledger = self._ledger
         return SchedulerStatistics(

@@ -312,6 +312,19 @@ class SerialScheduler:
         ranked = sorted(self._lanes, key=lambda t: self._rank(t, affinity[t.model]), reverse=True)
         return first + ranked
 
+    def scores(self, tickets: list[Ticket]) -> list[float | None]:
+        # A slot holder waiting for a model to drain keeps its score at the pick.
+        affinity: dict[str, bool] = {}
+        scores: list[float | None] = []
+        for ticket in tickets:
+            if ticket.score is not None:
+                scores.append(ticket.score)
+                continue
+            if ticket.model not in affinity:
+                affinity[ticket.model] = self.affinity(ticket.model)
+            scores.append(self.score(ticket, affinity=affinity[ticket.model]))
+        return scores
+
     def statistics(self) -> SchedulerStatistics:
         ledger = self._ledger
         return SchedulerStatistics(

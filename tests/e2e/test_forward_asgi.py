@@ -66,7 +66,7 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
                 raise
 
     async with UpstreamPool() as pool:
-        app = create_app(config, router, pool)
+        app = create_app(router, pool)
         with trio.fail_after(10):
             await app(http_scope("GET", "/upstream/m/ping"), from_server.receive, send)  # type: ignore[arg-type]
     assert [(m["type"], m.get("status")) for m in sent] == [

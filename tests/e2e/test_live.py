@@ -120,7 +120,7 @@ async def serve_in_process(nursery: trio.Nursery, config: Config) -> Served:
     await nursery.start(hub.run)
     await nursery.start(router.run)
     pool = UpstreamPool()
-    app = create_app(config, router, pool, hub=hub, logs=logs)
+    app = create_app(router, pool, hub=hub, logs=logs)
     settings = hypercorn.config.Config()
     settings.bind = ["127.0.0.1:0"]
     settings.accesslog = None

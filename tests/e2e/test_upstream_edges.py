@@ -287,7 +287,7 @@ async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
         sent.append(message)
 
     async with UpstreamPool() as pool:
-        app = create_app(config, router, pool)
+        app = create_app(router, pool)
         with trio.fail_after(10):
             await app(scope, receive, send)  # type: ignore[arg-type]
     assert sent[0]["status"] == 200
