@@ -173,9 +173,6 @@ class Leases:
         """Every admitted, unreleased request, oldest first."""
         return iter(list(self._leases.values()))
 
-    def __len__(self) -> int:
-        return len(self._leases)
-
     def in_flight(self, model: str) -> int:
         return self._in_flight[model]
 
