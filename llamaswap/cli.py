@@ -14,6 +14,7 @@ from llamaswap._serve import serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
 from llamaswap.errors import ConfigError, LlamaSwapError
+from llamaswap.observability.logs import LOG_FORMAT
 from llamaswap.router.swappers import make_swapper
 
 __all__ = ["check_config", "main"]
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     level = options.log_level or config.log_level.value
     logging.basicConfig(
         level=logging.WARNING if level == "warn" else level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
     )
     # --log-level debug is about llamaswap and its models, not every HTTP/2 header.
     logging.getLogger("hpack").setLevel(logging.WARNING)

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from llamaswap.process import LogLine, LogRing
+from llamaswap.process.supervisor import output_logger
 
 from .feed import Feed, Feeds
 
@@ -37,11 +38,6 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 OWN_LOG_LINES = 1000
 #: Lines a log follower may fall behind before lines are dropped.
 FOLLOWER_BUFFER = 1000
-
-#: The logger the supervisors copy model output to at debug level (``_sink``): those
-#: records are already in the models' own rings.
-_MODEL_OUTPUT_LOGGER = "llamaswap.process"
-_MODEL_OUTPUT_FORMAT = "[%s] %s%s"
 
 
 @attrs.frozen
@@ -76,7 +72,7 @@ class RingHandler(logging.Handler):
 
     def filter(self, record: logging.LogRecord) -> bool:
         # A model's output, copied to our log at debug level, is already in its own ring.
-        if record.name == _MODEL_OUTPUT_LOGGER and record.msg == _MODEL_OUTPUT_FORMAT:
+        if record.name == output_logger.name:
             return False
         return super().filter(record)
 

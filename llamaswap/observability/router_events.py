@@ -142,8 +142,6 @@ class RouterEvents:
 
 
 def _from_info(info: RequestInfo, state: str, now: float, error: str | None = None) -> Event:
-    # As in /api/inflight: time in the queue, so far, then fixed once dispatched.
-    waited = (now if info.dispatched_at is None else info.dispatched_at) - info.arrival
     return {
         "type": "request",
         "id": info.id,
@@ -152,7 +150,7 @@ def _from_info(info: RequestInfo, state: str, now: float, error: str | None = No
         "priority": info.effective_priority,
         "band": info.band,
         "score": info.score,
-        "waited_ms": _ms(waited),
+        "waited_ms": _ms(info.waited(now)),  # as in /api/inflight
         "error": error,
     }
 

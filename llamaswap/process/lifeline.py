@@ -55,12 +55,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import final
 
-import attrs
 import trio
 
 from ..errors import LifelineError
 
-__all__ = ["Lifeline", "LifelineStatistics", "open_lifeline"]
+__all__ = ["Lifeline", "open_lifeline"]
 
 logger = logging.getLogger("llamaswap.process")
 
@@ -74,13 +73,6 @@ GUARD_RETRY_SECONDS = 1.0
 Start = Callable[[Callable[[], None]], Awaitable[trio.Process]]
 
 
-@attrs.frozen
-class LifelineStatistics:
-    guard_pid: int
-    groups: int
-    restarts: int
-
-
 @final
 class Lifeline:
     """The write end of the guard's pipe, and the process groups registered through it."""
@@ -90,12 +82,6 @@ class Lifeline:
         self._fd = write_fd
         self._groups: set[int] = set()
         self._lock = trio.Lock()  # spawns and guard replacements exclude each other
-        self._restarts = 0
-
-    def statistics(self) -> LifelineStatistics:
-        return LifelineStatistics(
-            guard_pid=self._guard.pid, groups=len(self._groups), restarts=self._restarts
-        )
 
     async def spawn(self, start: Start) -> trio.Process:
         """Open a process with ``start(preexec_fn)``, registered with the guard.
@@ -162,7 +148,6 @@ class Lifeline:
             groups = frozenset(self._groups)
             guard, write_fd = await _start_guard(groups)
             old_fd, self._fd, self._guard = self._fd, write_fd, guard
-            self._restarts += 1
             # Groups reaped while the guard started: their numbers may be reused.
             with contextlib.suppress(OSError):  # the new guard is gone already: the watch sees it
                 _write_all(write_fd, _lines(b"-", groups - self._groups))

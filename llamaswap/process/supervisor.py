@@ -34,6 +34,8 @@ from .state import ModelState, check_transition
 __all__ = ["ModelStatistics", "ModelSupervisor", "StateListener"]
 
 logger = logging.getLogger("llamaswap.process")
+#: Where model output is copied at debug level (it is in each model's own ring already).
+output_logger = logging.getLogger("llamaswap.process.output")
 
 #: Seconds between readiness probes: readiness is seen well within 100 ms of turning healthy.
 HEALTH_POLL_INTERVAL = 0.02
@@ -350,7 +352,7 @@ class ModelSupervisor:
 
         def sink(line: str) -> None:
             self.log.append(trio.current_time(), prefix + line)
-            logger.debug("[%s] %s%s", self.model_id, prefix, line)
+            output_logger.debug("[%s] %s%s", self.model_id, prefix, line)
 
         return sink
 

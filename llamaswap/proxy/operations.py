@@ -66,7 +66,6 @@ def inflight_entry(
     """One ``/api/inflight`` entry. ``waited_ms`` runs until the request is dispatched
     (served, or its load started or joined), as the activity log's ``queue_wait_ms``;
     ``position`` is its 1-based place in the order the scheduler will serve the queue."""
-    waited = (now if info.dispatched_at is None else info.dispatched_at) - info.arrival
     return {
         "id": info.id,
         "model": info.model,
@@ -74,7 +73,7 @@ def inflight_entry(
         "priority": info.effective_priority,
         "band": info.band,
         "score": info.score,
-        "waited_ms": round(waited * 1000, 3),
+        "waited_ms": round(info.waited(now) * 1000, 3),
         "started": iso_time(to_wall_clock(info.arrival, now=now, wall_now=wall_now)),
         "client": info.client,
         "route": info.route,

@@ -63,7 +63,12 @@ class RequestInfo:
 
     @property
     def queue_wait(self) -> float | None:
+        """Seconds from arrival to dispatch; ``None`` while it waits."""
         return None if self.dispatched_at is None else self.dispatched_at - self.arrival
+
+    def waited(self, now: float) -> float:
+        """Seconds in the queue: so far while it waits, then fixed at its dispatch."""
+        return (now if self.dispatched_at is None else self.dispatched_at) - self.arrival
 
 
 def ticket_info(ticket: Ticket, *, client: str | None = None, route: str = "") -> RequestInfo:

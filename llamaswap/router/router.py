@@ -307,8 +307,8 @@ class Router:
         at once; a change of scheduler re-queues the waiting requests in arrival order.
         """
         changes = diff_config(self.config, config)
-        self.config = config
-        self.names = Names(config)
+        # The new models' supervisors run before any name reaches them; from the swap of
+        # config and names on, nothing awaits: no request sees a half-applied reload.
         for model_id in changes.added:
             if model_id not in self.supervisors:
                 supervisor = self._supervisor(model_id, config.models[model_id])
@@ -316,6 +316,8 @@ class Router:
                     raise RuntimeError("router is not running")
                 await self._supervisor_nursery.start(supervisor.run)
                 self.supervisors[model_id] = supervisor
+        self.config = config
+        self.names = Names(config)
         for model_id, model in config.models.items():
             supervisor = self.supervisors[model_id]
             supervisor.update(model, health_check_timeout=config.health_check_timeout)

@@ -82,10 +82,6 @@ class Ticket:
     dispatched_at: float | None = None
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
 
-    @property
-    def queue_wait(self) -> float | None:
-        return None if self.dispatched_at is None else self.dispatched_at - self.arrival
-
 
 @attrs.define(eq=False)
 class Swap:
