@@ -10,6 +10,7 @@
         ├── Unauthorized            401  missing or wrong API key
         ├── ModelNotFound           404  no model, alias or peer model by that name
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
+        ├── RequestTimeout          408  the request body stopped arriving
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
         ├── ConcurrencyLimit        429  the model already has ``concurrencyLimit`` requests
         ├── QueueFull               429  ``serial``: ``maxQueued`` requests already wait
@@ -48,6 +49,7 @@ __all__ = [
     "QueueFull",
     "RequestCancelled",
     "RequestError",
+    "RequestTimeout",
     "ShuttingDown",
     "Unauthorized",
     "UpstreamError",
@@ -138,6 +140,17 @@ class BodyTooLarge(RequestError):
         self.limit = limit
         super().__init__(
             f"request body is larger than {limit} bytes; raise maxBodyBytes to accept it"
+        )
+
+
+class RequestTimeout(RequestError):
+    """The request body stopped arriving for ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(
+            f"the request body stopped arriving: nothing for {seconds:g} s; "
+            "send the whole body promptly"
         )
 
 

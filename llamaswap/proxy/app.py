@@ -24,7 +24,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llamaswap.config.model import REQUEST_BODY_TIMEOUT
-from llamaswap.errors import BadRequest, ModelNotFound, RequestError, Unauthorized
+from llamaswap.errors import BadRequest, ModelNotFound, RequestError, RequestTimeout, Unauthorized
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
@@ -119,27 +119,19 @@ class Application:
         else:
             await self.quart(scope, receive_body, send_answer)
         if stalled and not answered:
-            message = (
-                "the request body stopped arriving: nothing for "
-                f"{REQUEST_BODY_TIMEOUT:g} s; send the whole body promptly"
-            )
-            fields = {"message": message, "type": "invalid_request_error"}
-            payload = json.dumps({"error": {**fields, "code": "request_timeout", "param": None}})
+            status, headers, body = error_response(RequestTimeout(REQUEST_BODY_TIMEOUT))
+            raw = [(k.encode(), v.encode()) for k, v in headers]
+            raw.append((b"content-length", str(len(body)).encode()))
+            raw.append((b"connection", b"close"))  # the rest of the body may still come
             await send(
                 {
                     "type": "http.response.start",
-                    "status": 408,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(payload)).encode()),
-                        (b"connection", b"close"),  # the rest of the body may still come
-                    ],
+                    "status": status,
+                    "headers": raw,
                     "trailers": False,
                 }
             )
-            await send(
-                {"type": "http.response.body", "body": payload.encode(), "more_body": False}
-            )
+            await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _json(document: Any) -> Response:
