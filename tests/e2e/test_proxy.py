@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Awaitable, Callable
 
 import httpx
 import openai
@@ -14,6 +15,7 @@ import trio
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import (
     FAKE,
+    ProxyProcess,
     alive,
     free_port_base,
     open_raw_request,
@@ -150,6 +152,29 @@ async def test_a_port_another_server_holds_fails_the_start_instead_of_using_it(
         assert squatter.process.returncode is None  # not ours to stop
 
 
+async def leaving_while_queued_loads_nothing(
+    proxy: ProxyProcess, leave: Callable[[httpx.AsyncClient, int], Awaitable[None]]
+) -> None:
+    """While ``beta`` streams, ``leave(client, mark)`` queues a request for ``alpha``
+    (which would evict the busy ``beta``) and goes away once the proxy's log after
+    ``mark`` says it is queued. Once ``beta`` drains, ``alpha`` must never load."""
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            long = chat("beta", stream=True, max_tokens=40)  # about a second of streaming
+            async with client.stream("POST", "/v1/chat/completions", json=long) as busy:
+                assert busy.status_code == 200
+                await leave(client, len(proxy.output.lines))
+                async for _ in busy.aiter_bytes():
+                    pass
+            # beta drained: a queued alpha would start now. It must not.
+            after = await client.post("/v1/chat/completions", json=chat("beta"))
+            assert after.status_code == 200
+    assert "loading model 'alpha'" not in proxy.output.text()
+
+
+QUEUED_ALPHA = r"request #\d+ for 'alpha': queued"
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
@@ -166,29 +191,19 @@ async def test_disconnect_while_queued_never_starts_the_model(
     body: dict[str, object] | None,
 ) -> None:
     proxy = await proxy_factory(TWO_MODELS)
-    async with proxy.client() as client:
-        with trio.fail_after(30):
-            long = chat("beta", stream=True, max_tokens=40)  # about a second of streaming
-            async with client.stream("POST", "/v1/chat/completions", json=long) as busy:
-                assert busy.status_code == 200
-                mark = len(proxy.output.lines)
-                with trio.CancelScope() as waiting:
 
-                    async def leave_once_queued() -> None:
-                        await proxy.output.wait_for(
-                            r"request #\d+ for 'alpha': queued", start=mark
-                        )
-                        waiting.cancel()
+    async def leave(client: httpx.AsyncClient, mark: int) -> None:
+        with trio.CancelScope() as waiting:
 
-                    nursery.start_soon(leave_once_queued)
-                    await client.request(method, path, json=body)
-                assert waiting.cancelled_caught
-                async for _ in busy.aiter_bytes():
-                    pass
-            # beta drained: a queued alpha would start now. It must not.
-            after = await client.post("/v1/chat/completions", json=chat("beta"))
-            assert after.status_code == 200
-    assert "loading model 'alpha'" not in proxy.output.text()
+            async def leave_once_queued() -> None:
+                await proxy.output.wait_for(QUEUED_ALPHA, start=mark)
+                waiting.cancel()
+
+            nursery.start_soon(leave_once_queued)
+            await client.request(method, path, json=body)
+        assert waiting.cancelled_caught
+
+    await leaving_while_queued_loads_nothing(proxy, leave)
 
 
 async def test_a_large_upload_that_leaves_while_queued_never_starts_the_model(
@@ -197,22 +212,14 @@ async def test_a_large_upload_that_leaves_while_queued_never_starts_the_model(
     # Over SMALL_BODY, an /upstream body streams through once the model is ready; while
     # it waits, the proxy must still read ahead to see the client go.
     proxy = await proxy_factory(TWO_MODELS)
-    async with proxy.client() as client:
-        with trio.fail_after(30):
-            long = chat("beta", stream=True, max_tokens=40)  # about a second of streaming
-            async with client.stream("POST", "/v1/chat/completions", json=long) as busy:
-                assert busy.status_code == 200
-                mark = len(proxy.output.lines)
-                path = "/upstream/alpha/v1/chat/completions"
-                upload = await open_raw_request(proxy.url, path, b" " * 400_000)
-                await proxy.output.wait_for(r"request #\d+ for 'alpha': queued", start=mark)
-                await upload.aclose()
-                async for _ in busy.aiter_bytes():
-                    pass
-            # beta drained: a queued alpha would start now. It must not.
-            after = await client.post("/v1/chat/completions", json=chat("beta"))
-            assert after.status_code == 200
-    assert "loading model 'alpha'" not in proxy.output.text()
+
+    async def leave(_: httpx.AsyncClient, mark: int) -> None:
+        path = "/upstream/alpha/v1/chat/completions"
+        upload = await open_raw_request(proxy.url, path, b" " * 400_000)
+        await proxy.output.wait_for(QUEUED_ALPHA, start=mark)
+        await upload.aclose()
+
+    await leaving_while_queued_loads_nothing(proxy, leave)
 
 
 @pytest.mark.parametrize("scheduler", ["fifo", "serial"])
