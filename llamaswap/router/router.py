@@ -245,7 +245,7 @@ class Router:
             self._leases.release(lease)
             self._tell("done", lease)
             self.supervisors[lease.ticket.model].requests_changed()
-            owner = self._scheduler_of(lease.ticket)
+            owner = self._take_owner(lease.ticket)
             self._decide("a finished request", owner, owner.on_finish, lease.ticket)
             if owner is not self.scheduler:  # a model drained: the new one may go on
                 self._decide(
@@ -393,7 +393,8 @@ class Router:
         """The scheduler, and any a reload retired that still has requests to finish."""
         return [self.scheduler, *{id(s): s for s in self._retired.values()}.values()]
 
-    def _scheduler_of(self, ticket: Ticket) -> Scheduler:
+    def _take_owner(self, ticket: Ticket) -> Scheduler:
+        """The scheduler ``ticket`` belongs to, for its last event (it is forgotten)."""
         return self._retired.pop(ticket, self.scheduler)
 
     def _decide(
@@ -418,13 +419,13 @@ class Router:
                 lease = abandoned.popleft()
                 if lease.state is LeaseState.ABANDONED:
                     self._tell("cancelled", lease)
-                    scheduler = self._scheduler_of(lease.ticket)
+                    scheduler = self._take_owner(lease.ticket)
                     on_cancel = partial(scheduler.on_cancel, lease.ticket)
                     self._run_event(f"cancelled request #{lease.id}", scheduler, on_cancel, ())
                     self._leases.release(lease)
             else:
                 ticket = self._orphans.pop()
-                scheduler = self._scheduler_of(ticket)
+                scheduler = self._take_owner(ticket)
                 on_finish = partial(scheduler.on_finish, ticket)
                 self._run_event(f"orphaned request #{ticket.seq}", scheduler, on_finish, ())
 

@@ -272,9 +272,10 @@ class Ledger:
             self.abandon_swap(model, ModelUnloaded(model, reason), reason)
             self.fail_queued(queue, {model}, ModelUnloaded(model, reason))
 
-    def surrender(self, queue: Queue) -> list[Ticket]:
-        """Take every queued ticket out, oldest first, its reservation freed."""
-        tickets = sorted(queue, key=lambda t: t.seq)
+    def surrender(self, queue: Queue, held: Iterable[Ticket] = ()) -> list[Ticket]:
+        """Take every queued ticket out of ``queue`` (and the undispatched ``held`` ones a
+        scheduler keeps aside), oldest first, their reservations freed."""
+        tickets = sorted([*queue, *held], key=lambda t: t.seq)
         for ticket in tickets:
             queue.remove(ticket)
             self.release(ticket)

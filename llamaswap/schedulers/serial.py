@@ -290,13 +290,10 @@ class SerialScheduler:
         return self._ledger.take()
 
     def surrender(self) -> list[Ticket]:
+        # A slot holder still waiting for a busy model to drain was never dispatched.
         waiting = [t for t in self._holders if t.state is TicketState.QUEUED]
         self._holders = [t for t in self._holders if t.state is not TicketState.QUEUED]
-        tickets = self._ledger.surrender(self._lanes)
-        for ticket in waiting:
-            self._ledger.release(ticket)
-            ticket.state = TicketState.QUEUED
-        return sorted(waiting + tickets, key=lambda t: t.seq)
+        return self._ledger.surrender(self._lanes, waiting)
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:
         self._release_slots(None, lambda _: error)
