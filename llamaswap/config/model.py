@@ -192,6 +192,8 @@ class SerialSettings:
 class SchedulerSettings:
     fifo: FifoSettings = FifoSettings()
     serial: SerialSettings = SerialSettings()
+    #: ``serial`` only; None: ``routing.scheduler.settings.serial.slots``.
+    slots: int | None = attrs.field(default=None, metadata=within(SLOTS))
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ from .priority import BANDS as BANDS
 from .priority import band_of as band_of
 from .priority import parse_priority as parse_priority
 from .serial import SerialScheduler as SerialScheduler
-from .settings import fifo_priorities, limits
+from .settings import fifo_priorities, limits, model_slots
 from .waitqueue import PriorityWaitQueue as PriorityWaitQueue
 
 __all__ = [
@@ -62,5 +62,6 @@ def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
             swap_affinity_bonus=serial.swap_affinity_bonus,
             max_queued=serial.max_queued,
             slots=serial.slots,
+            model_slots=model_slots(config),
         )
     return FifoScheduler(world, swapper, limits=limits(config), priorities=fifo_priorities(config))

@@ -62,7 +62,7 @@ from llamaswap.process.state import ModelState
 
 from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, TicketState, World
 from .ledger import Ledger
-from .settings import limits
+from .settings import limits, model_slots
 from .waitqueue import PriorityWaitQueue
 
 __all__ = ["SerialScheduler"]
@@ -131,7 +131,8 @@ class SerialScheduler:
         aging_divisor: seconds per aging point; 0 disables aging.
         swap_affinity_bonus: points for a request whose model is ready; capped at 99.
         max_queued: requests that may wait at once, across every model; beyond, 429.
-        slots: requests in service at once, all for the loaded model.
+        slots: requests in service at once, all for the loaded model...
+        model_slots: ...or as many as this says for that model (``[models.X] slots``).
 
     A model has no ``concurrencyLimit`` unless it sets one: serial exists to queue a burst
     and serve it by score, not to refuse it.
@@ -149,10 +150,11 @@ class SerialScheduler:
         swap_affinity_bonus: int = 10,
         max_queued: int = DEFAULT_MAX_QUEUED,
         slots: int = 1,
+        model_slots: Mapping[str, int] | None = None,
     ) -> None:
         self._ledger = Ledger(world, swapper, limits)
         self._world = world
-        self._configure(aging_divisor, swap_affinity_bonus, max_queued, slots)
+        self._configure(aging_divisor, swap_affinity_bonus, max_queued, slots, model_slots or {})
         self._lanes = _Lanes()
         #: The requests holding a slot (in service, loading, or waiting for a busy model
         #: to drain), all for one model; the first one leads (it started the load).
@@ -161,10 +163,16 @@ class SerialScheduler:
         self.affinity_changed_picks = 0
 
     def _configure(
-        self, aging_divisor: float, swap_affinity_bonus: int, max_queued: int, slots: int
+        self,
+        aging_divisor: float,
+        swap_affinity_bonus: int,
+        max_queued: int,
+        slots: int,
+        model_slots: Mapping[str, int],
     ) -> None:
         self._max_queued = max_queued
         self._slots = slots
+        self._model_slots = dict(model_slots)
         self._divisor = aging_divisor
         self._divisor_ns = _ns(aging_divisor)
         self._bonus = min(swap_affinity_bonus, MAX_SWAP_AFFINITY_BONUS)
@@ -281,6 +289,7 @@ class SerialScheduler:
             settings.swap_affinity_bonus,
             settings.max_queued,
             settings.slots,
+            model_slots(config),
         )
         queued = sorted(self._lanes, key=lambda t: t.seq)
         self._lanes = _Lanes()  # static keys depend on agingDivisor: computed again
@@ -336,6 +345,10 @@ class SerialScheduler:
         )
 
     # --------------------------------------------------------------- the slot
+
+    def slots(self, model: str) -> int:
+        """How many requests for ``model`` may be in service at once."""
+        return self._model_slots.get(model, self._slots)
 
     def _may_skip_slot(self, model: str) -> bool:
         """A page may skip the slot if its model is ready, unless the slot holder waits for
@@ -401,7 +414,7 @@ class SerialScheduler:
         best waiting request wants another, nothing more is granted for this one, and the
         swap happens as soon as the slots are free."""
         holders = self._holders
-        while len(holders) < self._slots and self._lanes:
+        while self._lanes and not (holders and len(holders) >= self.slots(holders[0].model)):
             candidates = len(self._lanes)
             affinity = self._affinities()
             ticket, no_aging, no_affinity = self._choose(affinity)

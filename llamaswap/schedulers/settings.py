@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamaswap.config.model import Config
 
-__all__ = ["fifo_priorities", "limits"]
+__all__ = ["fifo_priorities", "limits", "model_slots"]
 
 
 def limits(config: Config) -> dict[str, int]:
@@ -13,6 +13,13 @@ def limits(config: Config) -> dict[str, int]:
         model_id: model.concurrency_limit
         for model_id, model in config.models.items()
         if model.concurrency_limit is not None
+    }
+
+
+def model_slots(config: Config) -> dict[str, int]:
+    """``slots`` per model ID, for the models that set it (``serial`` only)."""
+    return {
+        model_id: model.slots for model_id, model in config.models.items() if model.slots
     }
 
 

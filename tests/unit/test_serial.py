@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 import pytest
 
+from llamaswap.config import Config, loads_config
 from llamaswap.config.model import GroupConfig
 from llamaswap.errors import (
     ConcurrencyLimit,
@@ -16,6 +18,7 @@ from llamaswap.errors import (
 )
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
+from llamaswap.schedulers import make_scheduler
 from llamaswap.schedulers.base import Ticket, TicketState
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld, ticket
@@ -465,3 +468,64 @@ def test_one_slot_is_the_default_and_keeps_serial_serial() -> None:
     s.on_request(first)
     s.on_request(second)
     assert fx.granted == [first]
+
+
+def test_a_model_s_own_slots_override_the_global_count() -> None:
+    fx = FakeWorld()
+    fx.states["a"] = READY
+    scheduler = SerialScheduler(
+        fx, GroupSwapper({}), limits={}, swap_affinity_bonus=0, slots=1, model_slots={"b": 3}
+    )
+    s = Driven(scheduler, fx)
+    a1, a2 = ticket("a", 1), ticket("a", 2)
+    bs = [ticket("b", seq) for seq in range(3, 8)]
+    for t in (a1, a2, *bs):
+        s.on_request(t)
+    assert fx.granted == [a1]  # 'a' has the global single slot
+    s.on_finish(a1)
+    assert fx.granted == [a1, a2]
+    s.on_finish(a2)
+    swap = fx.last_swap()  # 'b' loads for as many requests as it has slots
+    assert (swap.target, swap.waiters) == ("b", bs[:3])
+    fx.complete(s, swap)
+    assert fx.granted == [a1, a2, *bs[:3]]
+    s.on_finish(bs[0])
+    assert fx.granted == [a1, a2, *bs[:4]]
+
+
+def test_model_slots_come_from_the_config_and_change_on_reload() -> None:
+    fx = FakeWorld()
+    fx.states["a"] = READY
+    config = load_config_text(
+        """
+        [models.a]
+        cmd = "a ${PORT}"
+        slots = 2
+        [models.b]
+        cmd = "b ${PORT}"
+        [routing.scheduler]
+        use = "serial"
+        """
+    )
+    scheduler = make_scheduler(config, fx, GroupSwapper({}))
+    assert isinstance(scheduler, SerialScheduler)
+    assert (scheduler.slots("a"), scheduler.slots("b")) == (2, 1)
+    reloaded = load_config_text(
+        """
+        [models.a]
+        cmd = "a ${PORT}"
+        [models.b]
+        cmd = "b ${PORT}"
+        slots = 4
+        [routing.scheduler]
+        use = "serial"
+        [routing.scheduler.settings.serial]
+        slots = 3
+        """
+    )
+    scheduler.on_reconfigure(reloaded, GroupSwapper({}))
+    assert (scheduler.slots("a"), scheduler.slots("b")) == (3, 4)
+
+
+def load_config_text(text: str) -> Config:
+    return loads_config(textwrap.dedent(text), file="test.toml", environ={})

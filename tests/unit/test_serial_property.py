@@ -136,6 +136,7 @@ def test_efficient_pick_equals_brute_force(
     divisor_ms=st.sampled_from([0, 500, 7_777]),
     bonus=st.sampled_from([0, 10, 99]),
     slots=st.integers(2, 4),
+    model_slots=st.dictionaries(st.sampled_from(MODELS), st.integers(1, 4)),
 )
 def test_with_slots_every_slot_goes_to_the_brute_force_best(
     requests: list[tuple[str, int, int]],
@@ -143,9 +144,10 @@ def test_with_slots_every_slot_goes_to_the_brute_force_best(
     divisor_ms: int,
     bonus: int,
     slots: int,
+    model_slots: dict[str, int],
 ) -> None:
-    """Each request given a slot is the argmax of what still waits; slots stay free only
-    while the argmax wants a model other than the one being served."""
+    """Each request given a slot is the argmax of what still waits; slots (the model's
+    own count, if it has one) stay free only while the argmax wants another model."""
     fx = FakeWorld()
     for model in ready:
         fx.states[model] = ModelState.READY
@@ -158,6 +160,7 @@ def test_with_slots_every_slot_goes_to_the_brute_force_best(
             aging_divisor=divisor_ms / 1000,
             swap_affinity_bonus=bonus,
             slots=slots,
+            model_slots=model_slots,
         ),
         fx,
     )
@@ -185,7 +188,9 @@ def test_with_slots_every_slot_goes_to_the_brute_force_best(
                 assert not held or held[0].model == expected.model
                 remaining.remove(expected)
                 held.append(expected)
-        if remaining and held and len(held) < slots:
+        limit = model_slots.get(held[0].model, slots) if held else 0
+        assert len(held) <= limit or held[0] is blocker  # never more than the model's slots
+        if remaining and held and len(held) < limit:
             best = brute_force(fx.states, remaining, now_ms, divisor_ms, bonus, loading)
             assert best.model != held[0].model  # a free slot waits only for a swap
 
