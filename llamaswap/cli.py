@@ -69,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if len(args) != 2:
             print("usage: llamaswap check-config PATH", file=sys.stderr)
             sys.exit(2)
+    if args[:1] == ["simulate"]:
+        from llamaswap.simulate.command import main as simulate
+
+        sys.exit(simulate(args[1:]))
         sys.exit(check_config(args[1]))
     options = _parser().parse_args(args)
     try:

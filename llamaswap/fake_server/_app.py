@@ -47,6 +47,7 @@ class Options:
     crash_after_tokens: int | None
     ignore_sigterm: bool
     embedding_size: int
+    parallel: int = 0
 
 
 def say(line: str) -> None:
@@ -84,6 +85,8 @@ class FakeServer:
         self.healthy = False
         self._ids = itertools.count(1)
         self._model_header = options.model_name.encode("latin-1", "replace")
+        #: llama-server's slots: completions generated at once (``--parallel``).
+        self._slots = trio.Semaphore(options.parallel) if options.parallel else None
         self._routes: dict[tuple[str, str], _Handler] = {
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
@@ -223,7 +226,8 @@ class FakeServer:
         progress = _Progress()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_disconnect, receive, progress, nursery.cancel_scope)
-            await work(send, job, progress, received)
+            async with self._slots or contextlib.nullcontext():
+                await work(send, job, progress, received)
             nursery.cancel_scope.cancel()
         if progress.disconnected:
             say(f"client disconnected after {progress.tokens} tokens")

@@ -137,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
         help="log SIGTERM and keep running (SIGKILL or SIGINT still stop it)")
     add("--embedding-size", type=_number(int, minimum=1), default=8, metavar="N",
         help="length of /v1/embeddings vectors (default: %(default)s)")
+    add("--parallel", type=count, default=0, metavar="N",
+        help="completions generated at once, the rest wait their turn, as llama-server's "
+        "slots; 0 = no limit (default: %(default)s)")
     # fmt: on
     args = parser.parse_args(argv)
     if args.port > 65535:

@@ -227,6 +227,33 @@ async def test_streaming_arrives_incrementally_at_the_token_rate() -> None:
     assert arrivals[-1] - arrivals[0] >= 0.6 * (expected - 1 / rate)
 
 
+@pytest.mark.parametrize("parallel", [1, 0])
+async def test_parallel_makes_a_second_completion_wait_for_the_first(parallel: int) -> None:
+    events: list[str] = []
+    first_started = trio.Event()
+
+    async def stream(name: str, tokens: int) -> None:
+        body = chat_body(name, max_tokens=tokens, stream=True)
+        async with client.stream("POST", CHAT, json=body) as response:
+            async for line in response.aiter_lines():
+                if '"content"' in line and f"{name} first" not in events:
+                    events.append(f"{name} first")
+                    first_started.set()
+        events.append(f"{name} done")
+
+    with trio.fail_after(15):
+        args = ["--tokens-per-second", "20", "--parallel", str(parallel)]
+        async with fake_server(*args) as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream, "A", 10)  # 0.5 s of generation
+                await first_started.wait()
+                nursery.start_soon(stream, "B", 1)
+    if parallel == 1:  # B waits for A's slot
+        assert events == ["A first", "A done", "B first", "B done"]
+    else:  # no limit: B is served beside A, and done long before it
+        assert events == ["A first", "B first", "B done", "A done"]
+
+
 async def test_text_completions_streaming_and_not() -> None:
     with trio.fail_after(15):
         async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:

@@ -1,0 +1,137 @@
+"""The figures of a run, as a table and as a plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from llamaswap.schedulers import band_of
+
+from .run import Run
+
+__all__ = ["Figures", "figures", "plot", "table"]
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """The nearest-rank percentile of ``values`` (``fraction`` in 0..1); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+@attrs.frozen
+class Figures:
+    """What ``simulate`` prints for one policy. Waits are in seconds, from arrival to grant."""
+
+    policy: str
+    interactive_p50: float | None
+    interactive_p95: float | None
+    batch_p50: float | None
+    batch_max: float | None
+    loads: int
+    makespan: float
+    not_served: int
+    aging_changed_picks: int | None
+    affinity_changed_picks: int | None
+
+
+def waits(run: Run, band: str) -> list[float]:
+    """The waits of the served requests of ``band``."""
+    return [o.wait for o in run.outcomes if o.wait is not None and band_of(o.job.priority) == band]
+
+
+def figures(policy: str, run: Run) -> Figures:
+    interactive, batch = waits(run, "interactive"), waits(run, "batch")
+    finished = [o.finished for o in run.outcomes if o.finished is not None]
+    first = min((o.job.at for o in run.outcomes), default=0.0)
+    return Figures(
+        policy=policy,
+        interactive_p50=percentile(interactive, 0.5),
+        interactive_p95=percentile(interactive, 0.95),
+        batch_p50=percentile(batch, 0.5),
+        batch_max=max(batch, default=None),
+        loads=run.loads,
+        makespan=max(finished, default=first) - first,
+        not_served=sum(o.error is not None for o in run.outcomes),
+        aging_changed_picks=run.aging_changed_picks,
+        affinity_changed_picks=run.affinity_changed_picks,
+    )
+
+
+_COLUMNS = (
+    ("policy", "policy"),
+    ("interactive p50", "interactive_p50"),
+    ("interactive p95", "interactive_p95"),
+    ("batch p50", "batch_p50"),
+    ("batch max", "batch_max"),
+    ("loads", "loads"),
+    ("makespan", "makespan"),
+    ("not served", "not_served"),
+    ("aging changed pick", "aging_changed_picks"),
+    ("affinity changed pick", "affinity_changed_picks"),
+)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f} s"
+    return str(value)
+
+
+def table(rows: Sequence[Figures]) -> str:
+    """A Markdown table, one row per policy (it reads as plain text too)."""
+    header = [title for title, _ in _COLUMNS]
+    cells = [[_cell(getattr(row, name)) for _, name in _COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
+
+    def line(values: Sequence[str]) -> str:
+        padded = (
+            value.ljust(width) if i == 0 else value.rjust(width)
+            for i, (value, width) in enumerate(zip(values, widths, strict=True))
+        )
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *(line(row) for row in cells)])
+
+
+def plot(runs: Sequence[tuple[str, Run]], path: str) -> None:
+    """Waits over time, one panel per policy, one colour per band, saved to ``path``.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'llamaswap[plot]'``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"batch": "tab:gray", "normal": "tab:blue", "interactive": "tab:red"}  # on top
+    figure, axes = plt.subplots(
+        len(runs), 1, sharex=True, sharey=True, figsize=(9, 2.2 * len(runs)), squeeze=False
+    )
+    for ax, (policy, run) in zip(axes[:, 0], runs, strict=True):
+        for band, colour in colours.items():
+            served = [
+                o for o in run.outcomes if o.wait is not None and band_of(o.job.priority) == band
+            ]
+            if served:
+                ax.scatter(
+                    [o.job.at for o in served],
+                    [o.wait for o in served],
+                    s=6,
+                    color=colour,
+                    label=band,
+                )
+        ax.set_title(policy, fontsize=10, loc="left")
+        ax.set_ylabel("wait (s)")
+    axes[0, 0].legend(loc="upper left", fontsize=8)
+    axes[-1, 0].set_xlabel("arrival (s)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

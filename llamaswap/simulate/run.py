@@ -1,0 +1,237 @@
+"""Running a workload through the real router and scheduler on Trio's mock clock.
+
+Nothing here models the scheduler: the :class:`~llamaswap.router.Router` of the config,
+with its supervisors and the configured scheduler, serves the workload's requests. Only
+the model servers are simulated (a process that is ready ``load`` seconds after it starts,
+works on ``parallel`` requests at once and queues the rest, as llama-server does, and
+stops when told), and time is Trio's ``MockClock`` with ``autojump_threshold=0``: when
+every task waits, the clock jumps to the next deadline. An hour of traffic takes seconds,
+and the same workload gives the same figures every time.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import final
+
+import attrs
+import trio
+import trio.testing
+
+from llamaswap.config import Config
+from llamaswap.errors import RequestError
+from llamaswap.router import Router
+from llamaswap.schedulers import Decision, Grant, Ticket
+
+from .workload import Job, ModelTimes
+
+__all__ = ["Outcome", "Run", "simulate"]
+
+_URL = "http://{}.simulated"
+
+
+@attrs.frozen
+class Outcome:
+    """What became of one job: when its server started on it and when it finished
+    (seconds from the start), or why it was refused or failed."""
+
+    job: Job
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+
+    @property
+    def wait(self) -> float | None:
+        """From arrival to the first token: waiting in llamaswap, a load, and waiting in
+        the server's own queue."""
+        return None if self.started is None else self.started - self.job.at
+
+
+@attrs.frozen
+class Run:
+    """One policy's run of a workload."""
+
+    outcomes: tuple[Outcome, ...]
+    loads: int
+    #: The serial scheduler's counts (None under fifo).
+    aging_changed_picks: int | None
+    affinity_changed_picks: int | None
+
+
+@final
+class _Process:
+    """A simulated model server: ready ``load`` seconds after it starts."""
+
+    def __init__(self, pid: int, model: str, ready_at: float) -> None:
+        self.pid = pid
+        self.model = model
+        self.ready_at = ready_at
+        self.returncode: int | None = None
+        self._exited = trio.Event()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    def signal_group(self, sig: int) -> None:
+        if self.returncode is None:
+            self.returncode = 0 if sig == signal.SIGTERM else -sig
+            self._exited.set()
+
+    async def pump_output(self, sink: Callable[[str], None]) -> None:
+        await self._exited.wait()
+
+
+@final
+class _ServerQueue:
+    """A model server's own queue: it works on ``parallel`` requests at once, taken in
+    the order llamaswap granted them (as they would reach it), not in the order Trio
+    happens to wake their tasks."""
+
+    def __init__(self, parallel: int) -> None:
+        self._parallel = parallel
+        self._granted: collections.deque[Ticket] = collections.deque()
+        self._running = 0
+        self._changed = trio.Event()
+
+    def granted(self, ticket: Ticket) -> None:
+        self._granted.append(ticket)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, ticket: Ticket) -> AsyncIterator[None]:
+        """Wait until the server starts on ``ticket``; hold its place while the block runs."""
+        try:
+            while self._running >= self._parallel or self._granted[0] is not ticket:
+                await self._changed.wait()
+        except BaseException:
+            self._granted.remove(ticket)
+            self._notify()
+            raise
+        self._granted.popleft()
+        self._running += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._notify()
+
+
+@final
+class _Servers:
+    """Spawner and probe of the simulated servers (``cmd`` names the model)."""
+
+    def __init__(self, servers: Mapping[str, ModelTimes]) -> None:
+        self._servers = servers
+        self._latest: dict[str, _Process] = {}
+        self.queues = {model: _ServerQueue(s.parallel) for model, s in servers.items()}
+        self.spawned = 0
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> _Process:
+        await trio.lowlevel.checkpoint()
+        model = argv[-1]
+        self.spawned += 1
+        ready_at = trio.current_time() + self._servers[model].load
+        process = self._latest[model] = _Process(self.spawned, model, ready_at)
+        return process
+
+    async def run(
+        self, argv: Sequence[str], env: Mapping[str, str], sink: Callable[[str], None]
+    ) -> int:
+        await trio.lowlevel.checkpoint()  # no cmdStop in a simulation
+        return 0
+
+    def on_decision(self, decision: Decision) -> None:
+        if isinstance(decision, Grant):
+            self.queues[decision.ticket.model].granted(decision.ticket)
+
+    async def probe(self, url: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        model = url.removeprefix("http://").split(".simulated", 1)[0]
+        process = self._latest.get(model)
+        return (
+            process is not None
+            and process.returncode is None
+            and trio.current_time() >= process.ready_at
+        )
+
+
+def simulated(config: Config) -> Config:
+    """``config`` with every model's server replaced by a simulated one."""
+    models = {
+        model_id: attrs.evolve(
+            model,
+            cmd=("simulated", model_id),
+            cmd_stop=None,
+            proxy=_URL.format(model_id),
+            check_endpoint="/health",
+        )
+        for model_id, model in config.models.items()
+    }
+    return attrs.evolve(config, models=models, peers={})
+
+
+def simulate(
+    config: Config,
+    jobs: Sequence[Job],
+    servers: Mapping[str, ModelTimes],
+    *,
+    ignore_priority: bool = False,
+) -> Run:
+    """Serve ``jobs`` under ``config``'s scheduler, in simulated time.
+
+    Args:
+        ignore_priority: send every job with priority 0 (its band is still reported).
+    """
+    return trio.run(
+        _simulate,
+        config,
+        jobs,
+        servers,
+        ignore_priority,
+        clock=trio.testing.MockClock(autojump_threshold=0),
+    )
+
+
+async def _simulate(
+    config: Config, jobs: Sequence[Job], times: Mapping[str, ModelTimes], ignore_priority: bool
+) -> Run:
+    servers = _Servers(times)
+    router = Router(simulated(config), spawner=servers, probe=servers.probe)
+    router.add_decision_listener(servers.on_decision)
+    outcomes: list[Outcome] = [Outcome(job) for job in jobs]
+    start = trio.current_time()
+
+    async def client(job: Job) -> None:
+        lease = router.lease(job.model, priority=0 if ignore_priority else job.priority)
+        try:
+            async with router.acquire(lease), servers.queues[job.model].turn(lease.ticket):
+                started = trio.current_time() - start
+                await trio.sleep(job.duration)
+        except RequestError as exc:
+            outcomes[job.index] = Outcome(job, error=type(exc).__name__)
+            return
+        outcomes[job.index] = Outcome(job, started, trio.current_time() - start)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        async with trio.open_nursery() as clients:
+            for job in jobs:
+                await trio.sleep_until(start + job.at)
+                clients.start_soon(client, job)
+        statistics = router.scheduler.statistics()
+        nursery.cancel_scope.cancel()
+    serial = statistics.name == "serial"
+    return Run(
+        tuple(outcomes),
+        loads=servers.spawned,
+        aging_changed_picks=statistics.aging_changed_picks if serial else None,
+        affinity_changed_picks=statistics.affinity_changed_picks if serial else None,
+    )

@@ -1,0 +1,170 @@
+"""A workload file (``llamaswap simulate --workload W.toml``): who asks for what, and when.
+
+::
+
+    seed = 7                 # the same seed gives the same arrivals
+    duration = "10m"         # streams send requests for this long
+
+    [models.chat]
+    load = "0.4s"            # from start to ready (default 0)
+    parallel = 1             # requests its server works on at once; more queue inside it
+
+    [[streams]]              # Poisson arrivals
+    model = "chat"           # an ID or alias from the config
+    priority = "interactive" # as in the X-LlamaSwap-Priority header
+    every = "5s"             # mean time between two arrivals
+    job = "1s"               # time in service; with jobMax, uniform in [job, jobMax]
+    jobMax = "3s"
+
+    [[requests]]             # an explicit trace, alone or beside streams
+    at = "2s"
+    model = "chat"
+    priority = "batch"
+    job = "5s"
+
+Read with the config's converter, so a bad workload gets every problem with its key path,
+as a bad config does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import attrs
+
+from llamaswap.config import Config
+from llamaswap.config.convert import make_converter, walk_error
+from llamaswap.config.load import _parse_toml
+from llamaswap.config.model import within
+from llamaswap.config.paths import Problem, format_path, suggestion
+from llamaswap.config.values import Bounds
+from llamaswap.errors import ConfigError, ConfigProblem
+from llamaswap.schedulers import parse_priority
+
+__all__ = ["Job", "ModelTimes", "Workload", "jobs", "load_workload", "loads_workload"]
+
+SPAN = Bounds(0, 31_536_000, "a duration", "seconds", "1 year")
+EVERY = Bounds(0.001, 31_536_000, "a duration", "seconds", "1 year")
+SEED = Bounds(0, 1_000_000_000, "a seed")
+PARALLEL = Bounds(1, 256, "a number of requests")
+
+
+@attrs.frozen
+class ModelTimes:
+    """``[models.ID]``: how the model's server behaves."""
+
+    load: float = attrs.field(default=0.0, metadata=within(SPAN))
+    parallel: int = attrs.field(default=1, metadata=within(PARALLEL))
+
+
+_DEFAULT_SERVER = ModelTimes()
+
+
+@attrs.frozen
+class Stream:
+    """``[[streams]]``: requests arriving at random, ``every`` seconds on average."""
+
+    model: str
+    every: float = attrs.field(metadata=within(EVERY))
+    job: float = attrs.field(metadata=within(SPAN))
+    job_max: float = attrs.field(default=0.0, metadata=within(SPAN))
+    priority: str = "normal"
+
+
+@attrs.frozen
+class TraceRequest:
+    """``[[requests]]``: one request at a given time."""
+
+    at: float = attrs.field(metadata=within(SPAN))
+    model: str
+    job: float = attrs.field(metadata=within(SPAN))
+    priority: str = "normal"
+
+
+@attrs.frozen
+class Workload:
+    seed: int = attrs.field(default=0, metadata=within(SEED))
+    duration: float = attrs.field(default=0.0, metadata=within(SPAN))
+    models: Mapping[str, ModelTimes] = attrs.field(factory=dict)
+    streams: tuple[Stream, ...] = ()
+    requests: tuple[TraceRequest, ...] = ()
+
+    def server(self, model: str) -> ModelTimes:
+        return self.models.get(model, _DEFAULT_SERVER)
+
+
+@attrs.frozen
+class Job:
+    """One request of a workload: arrives ``at``, for ``model`` (an ID), in service for
+    ``duration`` seconds once its server starts on it."""
+
+    index: int
+    at: float
+    model: str
+    priority: int
+    duration: float
+
+
+def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Workload:
+    """The workload in ``text``, its model names resolved to IDs of ``config``.
+
+    Raises:
+        ConfigError: every problem in the workload, with its key path.
+    """
+    try:
+        workload = make_converter().structure(_parse_toml(text, file), Workload)
+    except Exception as exc:  # a cattrs exception group: every problem in it
+        raise ConfigError(file, _problems(walk_error(exc))) from None
+    problems: list[Problem] = []
+
+    def resolve(name: str, path: tuple[str | int, ...]) -> str:
+        model_id = config.resolve(name)
+        if model_id is None:
+            hint = suggestion(name, sorted(config.models), noun="models")
+            problems.append(Problem(path, f"no model {name!r} in the config; {hint}"))
+            return name
+        return model_id
+
+    models = {resolve(name, ("models", name)): times for name, times in workload.models.items()}
+    streams = tuple(
+        attrs.evolve(s, model=resolve(s.model, ("streams", i, "model")))
+        for i, s in enumerate(workload.streams)
+    )
+    trace = tuple(
+        attrs.evolve(r, model=resolve(r.model, ("requests", i, "model")))
+        for i, r in enumerate(workload.requests)
+    )
+    if workload.streams and not workload.duration:
+        problems.append(Problem(("duration",), "required when there are streams"))
+    if problems:
+        raise ConfigError(file, _problems(problems))
+    return attrs.evolve(workload, models=models, streams=streams, requests=trace)
+
+
+def load_workload(path: str, config: Config) -> Workload:
+    """The workload file at ``path`` (see :func:`loads_workload`)."""
+    with open(path, encoding="utf-8") as file:
+        return loads_workload(file.read(), config, file=path)
+
+
+def jobs(workload: Workload) -> list[Job]:
+    """Every request of ``workload`` in arrival order; the same seed, the same list."""
+    rng = random.Random(workload.seed)
+    found: list[tuple[float, str, str, float]] = []
+    for stream in workload.streams:
+        at = rng.expovariate(1 / stream.every)
+        while at < workload.duration:
+            duration = rng.uniform(stream.job, max(stream.job, stream.job_max))
+            found.append((at, stream.model, stream.priority, duration))
+            at += rng.expovariate(1 / stream.every)
+    found.extend((r.at, r.model, r.priority, r.job) for r in workload.requests)
+    found.sort(key=lambda job: job[0])  # stable: a trace keeps its order among equal times
+    return [
+        Job(index, at, model, parse_priority([priority]), duration)
+        for index, (at, model, priority, duration) in enumerate(found)
+    ]
+
+
+def _problems(problems: list[Problem]) -> list[ConfigProblem]:
+    return [ConfigProblem(format_path(p.path), p.message) for p in problems]

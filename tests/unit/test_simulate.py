@@ -1,0 +1,282 @@
+"""``llamaswap simulate``: workloads, and the real scheduler run on them in simulated time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from llamaswap.config import Config, loads_config
+from llamaswap.errors import ConfigError
+from llamaswap.process.supervisor import HEALTH_POLL_INTERVAL
+from llamaswap.simulate import (
+    Run,
+    figures,
+    jobs,
+    loads_workload,
+    policies,
+    run_policy,
+    table,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "workloads"
+
+CONFIG = """
+[models.a]
+cmd = "server ${PORT}"
+aliases = ["alpha"]
+[models.b]
+cmd = "server ${PORT}"
+[routing.scheduler]
+use = "serial"
+"""
+
+
+def config(text: str = CONFIG) -> Config:
+    return loads_config(textwrap.dedent(text), file="config.toml", environ={})
+
+
+def workload_text(text: str) -> str:
+    return textwrap.dedent(text)
+
+
+# ------------------------------------------------------------------- the workload file
+
+
+def test_a_bad_workload_reports_every_problem_at_its_key_path() -> None:
+    text = workload_text(
+        """
+        seed = -1
+        [models.zeta]
+        load = "soon"
+        [[streams]]
+        model = "a"
+        every = 0
+        job = "1s"
+        [[requests]]
+        at = "1s"
+        model = "nope"
+        job = "1s"
+        colour = "red"
+        """
+    )
+    with pytest.raises(ConfigError) as caught:
+        loads_workload(text, config(), file="w.toml")
+    assert [(p.path, p.message.split(";")[0]) for p in caught.value.problems] == [
+        ("seed", "expected a seed from 0 to 1000000000, got -1"),
+        (
+            "models.zeta.load",
+            "expected a number of seconds or a duration like \"90s\", got 'soon'",
+        ),
+        (
+            "streams[0].every",
+            "expected a duration from 0.001 to 31536000 seconds (1 year), got 0 seconds",
+        ),
+        ("requests[0].colour", "unknown key 'colour'"),
+    ]
+
+
+def test_names_resolve_to_model_ids_and_unknown_ones_are_problems() -> None:
+    text = workload_text(
+        """
+        duration = "1m"
+        [models.alpha]
+        load = "2s"
+        [[streams]]
+        model = "alpha"
+        every = "10s"
+        job = "1s"
+        [[requests]]
+        at = 0
+        model = "nope"
+        job = "1s"
+        """
+    )
+    with pytest.raises(ConfigError) as caught:
+        loads_workload(text, config(), file="w.toml")
+    [problem] = caught.value.problems
+    assert problem.path == "requests[0].model"
+    assert "no model 'nope'" in problem.message
+    fixed = loads_workload(text.replace('"nope"', '"b"'), config())
+    assert fixed.server("a").load == 2.0
+    assert [s.model for s in fixed.streams] == ["a"]
+
+
+def test_streams_need_a_duration() -> None:
+    text = workload_text(
+        """
+        [[streams]]
+        model = "a"
+        every = "10s"
+        job = "1s"
+        """
+    )
+    with pytest.raises(ConfigError, match="duration: required when there are streams"):
+        loads_workload(text, config())
+
+
+def test_the_same_seed_gives_the_same_arrivals_and_another_seed_others() -> None:
+    text = workload_text(
+        """
+        seed = 3
+        duration = "10m"
+        [[streams]]
+        model = "a"
+        priority = "interactive"
+        every = "5s"
+        job = "1s"
+        jobMax = "2s"
+        [[requests]]
+        at = "30s"
+        model = "b"
+        priority = "-7"
+        job = "4s"
+        """
+    )
+    first = jobs(loads_workload(text, config()))
+    assert first == jobs(loads_workload(text, config()))
+    assert first != jobs(loads_workload(text.replace("seed = 3", "seed = 4"), config()))
+    assert [j.at for j in first] == sorted(j.at for j in first)
+    assert [j.index for j in first] == list(range(len(first)))
+    streamed = [j for j in first if j.model == "a"]
+    assert 80 <= len(streamed) <= 160  # about 600 s / 5 s
+    assert all(j.priority == 100 and 1.0 <= j.duration <= 2.0 for j in streamed)
+    [traced] = [j for j in first if j.model == "b"]
+    assert (traced.at, traced.priority, traced.duration) == (30.0, -7, 4.0)
+
+
+# ---------------------------------------------------------------------------- the runs
+
+# Model 'a' is loaded for a long normal request; meanwhile a batch and an interactive
+# request for 'b' and a normal one for 'a' arrive. When 'a' frees, who goes next shows
+# each policy: priority, affinity, or arrival order.
+TRACE = """
+[models.a]
+load = "1s"
+[models.b]
+load = "1s"
+[[requests]]
+at = 0
+model = "a"
+job = "10s"
+[[requests]]
+at = "2s"
+model = "b"
+priority = "batch"
+job = "1s"
+[[requests]]
+at = "3s"
+model = "b"
+priority = "interactive"
+job = "1s"
+[[requests]]
+at = "4s"
+model = "a"
+job = "1s"
+"""
+
+
+def served_order(run: Run) -> list[int]:
+    started = [o for o in run.outcomes if o.started is not None]
+    return [o.job.index for o in sorted(started, key=lambda o: o.started or 0.0)]
+
+
+def test_each_policy_serves_the_trace_in_its_own_order() -> None:
+    cfg = config()
+    workload = loads_workload(workload_text(TRACE), cfg)
+    runs = {p.name: run_policy(p, workload) for p in policies(cfg, compare=True)}
+    assert list(runs) == ["serial (this config)", "arrival order", "strict priority", "fifo"]
+    # serial: the interactive one (needs a swap) beats the normal one (affinity +10);
+    # then the normal one for 'b'... for 'a' (0) beats batch for 'b' (-100 + 10).
+    assert served_order(runs["serial (this config)"]) == [0, 2, 3, 1]
+    assert runs["serial (this config)"].loads == 4
+    assert served_order(runs["strict priority"]) == [0, 2, 3, 1]
+    assert served_order(runs["arrival order"]) == [0, 1, 2, 3]
+    assert runs["arrival order"].loads == 3  # a, b (both b requests), a
+    # fifo serves the request for the loaded 'a' at once (behind the first, in its server),
+    # then the queue by priority: interactive, batch.
+    assert served_order(runs["fifo"]) == [0, 3, 2, 1]
+    assert runs["fifo"].loads == 2
+    assert runs["fifo"].aging_changed_picks is None
+    # Waits, to the poll interval the supervisor probes readiness at.
+    serial = {o.job.index: o for o in runs["serial (this config)"].outcomes}
+    assert serial[0].wait == pytest.approx(1.0, abs=HEALTH_POLL_INTERVAL)
+    assert serial[2].wait == pytest.approx(11.0 + 1.0 - 3.0, abs=2 * HEALTH_POLL_INTERVAL)
+
+
+def test_a_full_queue_shows_as_not_served() -> None:
+    cfg = config(CONFIG + "[routing.scheduler.settings.serial]\nmaxQueued = 1\n")
+    trace = "".join(
+        f'[[requests]]\nat = "{i * 0.1:.1f}s"\nmodel = "a"\njob = "5s"\n' for i in range(4)
+    )
+    [own] = policies(cfg)
+    run = run_policy(own, loads_workload(trace, cfg))
+    assert [o.error for o in run.outcomes] == [None, None, "QueueFull", "QueueFull"]
+    assert figures(own.name, run).not_served == 2
+
+
+def test_the_table_has_a_row_per_policy_and_a_dash_where_a_figure_does_not_apply() -> None:
+    cfg = config()
+    workload = loads_workload(workload_text(TRACE), cfg)
+    rows = [figures(p.name, run_policy(p, workload)) for p in policies(cfg, compare=True)]
+    lines = table(rows).splitlines()
+    assert len(lines) == 2 + 4
+    assert lines[0].startswith("| policy")
+    assert lines[-1].startswith("| fifo")
+    assert lines[-1].rstrip(" |").endswith("-")  # fifo has no affinity counts
+    assert rows[0].interactive_p50 == rows[0].interactive_p95  # one interactive request
+    assert rows[0].batch_p50 == rows[0].batch_max  # one batch request
+
+
+def test_the_command_runs_the_bundled_example_and_plots(tmp_path: Path) -> None:
+    png = tmp_path / "waits.png"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llamaswap",
+            "simulate",
+            "--config",
+            str(EXAMPLES / "config.toml"),
+            "--workload",
+            str(EXAMPLES / "mixed.toml"),
+            "--compare",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    names = [line.split("|")[1].strip() for line in done.stdout.splitlines()[2:6]]
+    assert names == ["serial (this config)", "arrival order", "strict priority", "fifo"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_reports_a_bad_workload_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "w.toml"
+    bad.write_text('[[requests]]\nat = "1s"\nmodel = "zzz"\njob = 1\n')
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llamaswap",
+            "simulate",
+            "--config",
+            str(EXAMPLES / "config.toml"),
+            "--workload",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "requests[0].model: no model 'zzz'" in done.stderr
