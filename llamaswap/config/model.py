@@ -133,6 +133,8 @@ class ModelConfig:
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     send_loading_state: bool = False
+    #: ``/v1/messages``: passed through ("native") or converted to chat completions.
+    anthropic: Literal["native", "translate"] = "native"
 
     @property
     def health_url(self) -> str | None:

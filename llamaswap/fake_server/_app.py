@@ -93,6 +93,7 @@ class FakeServer:
             ("GET", "/props"): self._props,
             ("POST", "/v1/chat/completions"): partial(self._complete, "chat"),
             ("POST", "/v1/completions"): partial(self._complete, "text"),
+            ("POST", "/v1/messages"): partial(self._complete, "messages"),
             ("POST", "/v1/embeddings"): self._embeddings,
         }
 
@@ -234,18 +235,22 @@ class FakeServer:
 
     def _completion(self, kind: str, body: dict[str, Any]) -> Completion:
         count, limited = token_limit(body, self.options.max_tokens)
-        if kind == "chat":
+        finish_reason = "length" if limited else "stop"
+        if kind in ("chat", "messages"):
             messages = body.get("messages")
             if not isinstance(messages, list):
                 raise BadRequest(f"'messages' must be a list, got {messages!r}")
             texts = [text_of(m.get("content")) for m in messages if isinstance(m, dict)]
+            if kind == "messages":  # the system prompt is a key of its own
+                texts.insert(0, text_of(body.get("system")))
+                finish_reason = "max_tokens" if limited else "end_turn"
             users = [
                 text_of(m.get("content"))
                 for m in messages
                 if isinstance(m, dict) and m.get("role") == "user"
             ]
             seed_text = users[-1] if users else ""
-            prefix = "chatcmpl"
+            prefix = "msg" if kind == "messages" else "chatcmpl"
         else:
             texts = prompt_texts(body.get("prompt", ""))
             seed_text = texts[-1] if texts else ""
@@ -263,7 +268,7 @@ class FakeServer:
             prompt_tokens=sum(len(text.split()) for text in texts),
             seed=f"{name}\0{seed_text}",
             tokens=count,
-            finish_reason="length" if limited else "stop",
+            finish_reason=finish_reason,
             stream=body.get("stream") is True,
             include_usage=include_usage,
         )
@@ -307,6 +312,8 @@ class FakeServer:
             "trailers": False,
         }
         await send(start)
+        if head := job.head():
+            await send({"type": "http.response.body", "body": head, "more_body": True})
         started = trio.current_time()
         for index, piece in enumerate(job.pieces()):
             self._maybe_crash(index)

@@ -1,4 +1,5 @@
-"""What the fake server says: deterministic words, embeddings and OpenAI-shaped bodies.
+"""What the fake server says: deterministic words, embeddings, OpenAI- and Anthropic-shaped
+bodies.
 
 Pure functions and values, no I/O: the ASGI app in ``_app`` turns a request body into a
 :class:`Completion` and sends the bytes these helpers build.
@@ -113,7 +114,7 @@ def token_limit(body: dict[str, Any], default: int) -> tuple[int, bool]:
 class Completion:
     """One generation request: what to say and how to wrap each piece of it."""
 
-    kind: str  # "chat" or "text"
+    kind: str  # "chat", "text" or "messages" (Anthropic Messages)
     id: str
     model: str
     created: int
@@ -150,6 +151,11 @@ class Completion:
 
     def response(self) -> dict[str, Any]:
         text = "".join(self.pieces())
+        if self.kind == "messages":
+            return {
+                **self._message([{"type": "text", "text": text}], self.finish_reason),
+                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": self.tokens},
+            }
         choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
@@ -165,10 +171,43 @@ class Completion:
             **_phase("predicted", self.tokens, predicted_seconds),
         }
 
+    def _message(self, content: list[dict[str, str]], stop: str | None) -> dict[str, Any]:
+        """A Messages answer, without its usage."""
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+        }
+
+    def head(self) -> bytes:
+        """The events before the first token: Messages' ``message_start`` and the text
+        block's ``content_block_start`` (nothing for OpenAI's shapes)."""
+        if self.kind != "messages":
+            return b""
+        usage = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
+        message = {**self._message([], None), "usage": usage}
+        block = {"type": "text", "text": ""}
+        return _event("message_start", {"message": message}) + _event(
+            "content_block_start", {"index": 0, "content_block": block}
+        )
+
     def tail(self, timings: dict[str, Any]) -> bytes:
         """The events after the last token: the ``finish_reason`` chunk, the usage chunk
         when asked for, then ``[DONE]``; ``timings`` ride on the last chunk, as in
-        llama-server."""
+        llama-server. Messages: ``content_block_stop``, ``message_delta`` (stop reason,
+        usage and the timings), ``message_stop``."""
+        if self.kind == "messages":
+            delta = {"stop_reason": self.finish_reason, "stop_sequence": None}
+            usage = {"input_tokens": self.prompt_tokens, "output_tokens": self.tokens}
+            return (
+                _event("content_block_stop", {"index": 0})
+                + _event("message_delta", {"delta": delta, "usage": usage, "timings": timings})
+                + _event("message_stop", {})
+            )
         finish = self._envelope([self._choice(self.tokens, None)], chunk=True)
         chunks = [finish]
         if self.include_usage:
@@ -178,6 +217,9 @@ class Completion:
 
     def chunk(self, index: int, piece: str) -> bytes:
         """The SSE event for token ``index``."""
+        if self.kind == "messages":
+            delta = {"type": "text_delta", "text": piece}
+            return _event("content_block_delta", {"index": 0, "delta": delta})
         return (
             b"data: " + dumps(self._envelope([self._choice(index, piece)], chunk=True)) + b"\n\n"
         )
@@ -194,6 +236,11 @@ class Completion:
             choice.update(text=piece or "", logprobs=None)
         choice["finish_reason"] = self.finish_reason if piece is None else None
         return choice
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    """A named SSE event, as Anthropic's Messages streams send them."""
+    return b"event: " + kind.encode() + b"\ndata: " + dumps({"type": kind, **data}) + b"\n\n"
 
 
 def _phase(name: str, tokens: int, seconds: float) -> dict[str, Any]:

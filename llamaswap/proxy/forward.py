@@ -17,6 +17,7 @@ stops generating).
 from __future__ import annotations
 
 import collections
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -33,7 +34,7 @@ from hypercorn.typing import (
     HTTPScope,
 )
 
-from llamaswap.config.model import Config
+from llamaswap.config.model import Config, Timeouts
 from llamaswap.errors import (
     BodyTooLarge,
     MethodNotAllowed,
@@ -48,6 +49,7 @@ from llamaswap.router.names import Local, Names, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
+from . import anthropic
 from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
@@ -91,6 +93,10 @@ _INFERENCE: dict[tuple[str, str], ModelIn] = {
 _METHODS = {path: method for method, path in _INFERENCE}
 
 UPSTREAM_PREFIX = "/upstream/"
+#: On every response relayed from a model server (or peer), naming it.
+UPSTREAM_HEADER = b"x-llamaswap-upstream"
+#: The routes ``anthropic = "translate"`` answers by way of chat completions.
+_MESSAGES = (anthropic.MESSAGES_PATH, anthropic.COUNT_TOKENS_PATH)
 #: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
@@ -240,6 +246,10 @@ class _Reply:
         }
         await self._send(event)
 
+    async def json(self, status: int, document: object) -> None:
+        await self.start(status, [(b"content-type", b"application/json")])
+        await self.body(json.dumps(document).encode(), more=False)
+
     async def error(self, error: RequestError, *, close: bool = False) -> None:
         status, headers, body = error_response(error)
         raw = [(k.encode(), v.encode()) for k, v in headers]
@@ -293,15 +303,22 @@ class Forwarder:
             except RequestError as exc:
                 exchange.error = str(exc)
                 logger.info("%s %s: %s", scope["method"], scope["path"], exc)
-                await self._report(reply, exc, close=not body.complete)
+                messages = scope["path"] == anthropic.MESSAGES_PATH
+                await self._report(reply, exc, close=not body.complete, messages=messages)
             finally:
                 if body.disconnected and not reply.finished and exchange.error is None:
                     exchange.error = "client disconnected"
                 self._recorder.finish(exchange)
             nursery.cancel_scope.cancel()  # the watcher, if hypercorn has not ended it yet
 
-    async def _report(self, reply: _Reply, error: RequestError, *, close: bool) -> None:
-        """Answer ``error`` however much of the response has already gone out."""
+    async def _report(
+        self, reply: _Reply, error: RequestError, *, close: bool, messages: bool
+    ) -> None:
+        """Answer ``error`` however much of the response has already gone out.
+
+        ``messages``: the response is Anthropic Messages, whose streams end with an
+        ``error`` event (a bare ``data:`` line would be ignored by its clients).
+        """
         if not reply.started:
             # A body we did not read to its end would be misread as the next request on
             # this connection: close it instead.
@@ -309,7 +326,11 @@ class Forwarder:
         elif reply.event_stream:
             # The status line said 200 (a loading-state stream, or a stream that broke
             # off): say what went wrong as an event, then end the stream properly.
-            await reply.body(b"data: " + error_response(error)[2] + b"\n\n", more=False)
+            status, _, body = error_response(error)
+            if messages:
+                await reply.body(anthropic.error_event(status, str(error)), more=False)
+            else:
+                await reply.body(b"data: " + body + b"\n\n", more=False)
         else:
             # Nothing left to say it with: break the connection so the client knows.
             raise error
@@ -331,6 +352,9 @@ class Forwarder:
         if route.model_in is None:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
             target, path = self._upstream_target(name, rest)
+            if path == "/" and not scope["path"].endswith("/"):
+                await _redirect_to_slash(scope, reply)
+                return
             path = quote(path, safe=_PATH_SAFE)  # the client's escapes, decoded by hypercorn
             # A small body is read now, so that a disconnect while queued is noticed; a
             # large or chunked one streams through once the model is ready.
@@ -344,23 +368,37 @@ class Forwarder:
             target = self._names.resolve(name)
             path = scope["path"]
         rename: str | None  # the model name the upstream knows, if not the client's
+        translation = None  # set when /v1/messages goes to a chat-completions server
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
-            base, rename, filters = target.config.proxy, target.model, None
+            base, rename, filters = target.config.proxy, target.model, target.config.filters
+            timeouts = target.config.timeouts
         else:
             exchange.model = target.model_id
             model = self._config.models[target.model_id]
             base, rename, filters = model.proxy, model.use_model_name, model.filters
+            timeouts = model.timeouts
+            messages = route.model_in is not None and path in _MESSAGES
+            if messages and payload is not None and model.anthropic == "translate":
+                if path == anthropic.COUNT_TOKENS_PATH:  # llamaswap's own estimate
+                    count = anthropic.estimate_tokens(payload.json())
+                    await reply.json(200, {"input_tokens": count})
+                    return
+                chat, translation = anthropic.chat_request(payload.json())
+                payload = Payload(json.dumps(chat).encode(), "application/json", chat)
+                path = anthropic.CHAT_PATH
         if payload is not None and route.model_in is not None:
-            payload = rewrite_body(route.model_in, payload, model=rename, filters=filters)
+            payload = rewrite_body(
+                route.model_in, payload, model=rename, filters=filters, requested=name
+            )
             if route.model_in is ModelIn.QUERY and rename:
                 query = rewrite_query(query, rename)
         if isinstance(target, Peer):
-            upstream = _Upstream(base, path, query, payload, _peer_auth(target))
+            upstream = _Upstream(base, path, query, payload, _peer_auth(target), None, timeouts)
             await self._forward(exchange, scope, upstream, body, reply)
             return
-        upstream = _Upstream(base, path, query, payload, [])
+        upstream = _Upstream(base, path, query, payload, [], translation, timeouts)
         while_waiting: Callable[[Lease], Awaitable[None]] | None = None
         if payload is None:
             while_waiting = body.prefetch  # the upload streams through once granted
@@ -402,6 +440,9 @@ class Forwarder:
             scope, strip_auth=bool(self._config.api_keys or upstream.extra_headers)
         )
         headers.extend(upstream.extra_headers)
+        if upstream.translation is not None:  # the answer is read here: no compression
+            headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
+            headers.append((b"accept-encoding", b"identity"))
         content: bytes | AsyncIterator[bytes] | None
         if upstream.payload is None:
             content = body
@@ -414,9 +455,12 @@ class Forwarder:
             path += "?" + upstream.query.decode("latin-1")
         try:
             async with self._pool.request(
-                scope["method"], upstream.base, path, headers, content
+                scope["method"], upstream.base, path, headers, content, upstream.timeouts
             ) as response:
-                await self._relay(exchange, response, reply)
+                if upstream.translation is None:
+                    await self._relay(exchange, response, reply)
+                else:
+                    await self._relay_messages(exchange, response, reply, upstream.translation)
         except UpstreamFailed as exc:
             detail = f"broke off mid-response: {exc}" if exc.answered else str(exc)
             raise UpstreamError(exchange.model, detail) from exc
@@ -426,7 +470,8 @@ class Forwarder:
         if not response.header(b"content-encoding"):
             exchange.tap = UsageTap(content_type)
         if not reply.started:
-            await reply.start(response.status, _downstream_headers(response, content_type))
+            headers = _downstream_headers(response, content_type, exchange.model)
+            await reply.start(response.status, headers)
         elif response.status != 200:
             # The loading-state stream already said 200: pass the error on as an event.
             exchange.error = f"upstream answered {response.status}"
@@ -447,6 +492,45 @@ class Forwarder:
             await reply.body(data)
         await reply.body(b"", more=False)
 
+    async def _relay_messages(
+        self,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        reply: _Reply,
+        translation: anthropic.Translation,
+    ) -> None:
+        """A chat-completions answer relayed as a Messages one (``anthropic = "translate"``).
+        An error from the model server passes through untouched (SPEC §4.3)."""
+        content_type = response.header(b"content-type")
+        stream = content_type.startswith("text/event-stream")
+        if response.status != 200 or not (stream or content_type.startswith("application/json")):
+            await self._relay(exchange, response, reply)
+            return
+        exchange.tap = tap = UsageTap(content_type)
+        headers = [
+            (k, v)
+            for k, v in _downstream_headers(response, content_type, exchange.model)
+            if k not in (b"content-type", b"content-length")
+        ]
+        headers.append((b"content-type", content_type.encode("latin-1")))
+        if not stream:
+            data = await response.read()
+            tap.feed(data)
+            try:
+                document = anthropic.message_response(json.loads(data), translation)
+            except ValueError as exc:
+                raise UpstreamError(exchange.model, f"cannot translate its answer: {exc}") from exc
+            await reply.start(200, headers)
+            await reply.body(json.dumps(document).encode(), more=False)
+            return
+        events = anthropic.MessageStream(translation)
+        await reply.start(200, headers)
+        async for data in response.chunks():
+            tap.feed(data)
+            if translated := events.feed(data):
+                await reply.body(translated)
+        await reply.body(events.close(), more=False)
+
 
 @attrs.frozen
 class _Upstream:
@@ -457,6 +541,21 @@ class _Upstream:
     query: bytes
     payload: Payload | None  # None: stream the client's body through
     extra_headers: list[tuple[bytes, bytes]]
+    translation: anthropic.Translation | None = None  # Messages sent as a chat completion
+    timeouts: Timeouts | None = None  # the model's or peer's; None: the pool's own
+
+
+async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:
+    """``/upstream/{model}`` → ``/upstream/{model}/``, as llama-swap answers: relative links
+    in the model server's own pages then resolve under it. 308 keeps the method and body."""
+    location = quote(scope["path"], safe=_PATH_SAFE) + "/"
+    if scope["query_string"]:
+        location += "?" + scope["query_string"].decode("latin-1")
+    headers = [(b"location", location.encode("latin-1")), (b"content-length", b"0")]
+    if _has_body(scope):
+        headers.append((b"connection", b"close"))  # its body is not read
+    await reply.start(301 if scope["method"] in ("GET", "HEAD") else 308, headers)
+    await reply.body(b"", more=False)
 
 
 def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> bool:
@@ -492,9 +591,12 @@ _OURS = _HOP_BY_HOP | {b"date", b"server"}
 
 
 def _downstream_headers(
-    response: UpstreamResponse, content_type: str
+    response: UpstreamResponse, content_type: str, model: str
 ) -> list[tuple[bytes, bytes]]:
+    """The upstream's response fields, and ``X-LlamaSwap-Upstream`` naming who answered:
+    an error with it is the model server's, one without it llamaswap's own."""
     headers = [(k, v) for k, v in response.headers if k not in _OURS]
+    headers.append((UPSTREAM_HEADER, model.encode()))
     if content_type.startswith("text/event-stream"):
         headers.append((b"x-accel-buffering", b"no"))
     return headers
