@@ -14,17 +14,21 @@ of writes are debounced into one reload.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
 from contextlib import aclosing
+from functools import partial
 from typing import Any, final
+from urllib.parse import urlsplit
 
 import attrs
 import trio
 import watchfiles
 
 from llamaswap.config import load_config
+from llamaswap.config.macros import port_free
 from llamaswap.errors import ConfigError
 from llamaswap.router import Router
 from llamaswap.router.reload import ConfigChanges
@@ -101,6 +105,15 @@ class Reloader:
                 self.last_success = trio.current_time()
             self._report(result)
             return result
+    def _own_ports(self) -> frozenset[int]:
+        """The ports of the running configuration's models: in use by them, so free for
+        ``${PORT}`` to hand out again (a model keeps its port across a reload)."""
+        ports = set()
+        for model in self._router.config.models.values():
+            with contextlib.suppress(ValueError):
+                ports.add(urlsplit(model.proxy).port)
+        return frozenset(port for port in ports if port is not None)
+
 
     def _report(self, result: ReloadResult) -> None:
         if result.ok:

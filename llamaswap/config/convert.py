@@ -25,7 +25,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn, override
 
-from .model import LogLevel, ModelConfig, toml_key
+from .model import LogLevel, LogToStdout, ModelConfig, toml_key
 from .paths import Path, Problem, known_list, suggestion
 from .values import (
     Bounds,
@@ -40,6 +40,7 @@ from .values import (
     parse_int_in,
     parse_int_table,
     parse_str,
+    plain,
 )
 
 __all__ = ["make_converter", "walk_error"]
@@ -64,6 +65,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(bool, _scalar_hook(parse_bool))
     converter.register_structure_hook(float, _scalar_hook(parse_duration))  # every float
     converter.register_structure_hook(LogLevel, _enum_hook(LogLevel))
+    converter.register_structure_hook(LogToStdout, _enum_hook(LogToStdout))
     converter.register_structure_hook_factory(_is_literal, _literal_hook)
     converter.register_structure_hook_factory(_is_var_tuple, _tuple_hook)
     converter.register_structure_hook_factory(_is_mapping, _mapping_hook)
@@ -154,8 +156,8 @@ def _mapping_hook(tp: Any, converter: cattrs.Converter) -> Hook:
     def structure(value: object, _: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise InvalidValue(f"expected a table, got {describe(value)}")
-        if value_hook is None:
-            return dict(value)
+        if value_hook is None:  # free-form: numbers and booleans from macros as such
+            return {name: plain(item) for name, item in value.items()}
         result: dict[str, Any] = {}
         errors: list[Exception] = []
         for name, item in value.items():

@@ -23,7 +23,7 @@ from cattrs.errors import ClassValidationError
 
 from ..errors import ConfigError, ConfigProblem
 from .convert import make_converter, walk_error
-from .macros import expand_macros
+from .macros import PortProbe, expand_macros, port_free
 from .model import TTL, UNLOAD_TIMEOUT, Config
 from .paths import Path, Problem, format_path
 from .validate import validate
@@ -52,13 +52,14 @@ _TOO_DEEP = (
 _SHOWN_PARTS = 3  # a path thousands of parts long is no help: show where it starts
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], *, free: PortProbe = port_free) -> Config:
     """Read, expand and validate a TOML configuration file.
 
     Args:
         path: the file to read (UTF-8 TOML).
 
     Returns:
+        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
         The validated configuration.
 
     Raises:
@@ -74,7 +75,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except UnicodeDecodeError as exc:
         problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
         raise ConfigError(file, [problem]) from exc
-    return loads_config(text, file=file, directory=os.path.dirname(os.path.abspath(file)))
+    directory = os.path.dirname(os.path.abspath(file))
+    return loads_config(text, file=file, directory=directory, free=free)
 
 
 def loads_config(
@@ -85,6 +87,7 @@ def loads_config(
     directory: str | None = None,
 ) -> Config:
     """Parse, expand and validate configuration text.
+    free: PortProbe = port_free,
 
     Args:
         text: the TOML document.
@@ -94,6 +97,7 @@ def loads_config(
             the file's directory); ``None`` leaves it relative to the working directory.
 
     Returns:
+        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
         The validated configuration.
 
     Raises:
@@ -103,7 +107,7 @@ def loads_config(
     if deep := _too_deep(raw):
         # Like a syntax error, reported alone: every later stage walks the document.
         raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
-    doc, expanding = expand_macros(raw, os.environ if environ is None else environ)
+    doc, expanding = expand_macros(raw, os.environ if environ is None else environ, free)
     _inherit_defaults(doc)
     config, structuring, dropped = _structure(doc)
     checking: list[Problem] = []

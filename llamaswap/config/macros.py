@@ -20,15 +20,20 @@ steps. Expansion stops as soon as a value passes the limit.
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
+from urllib.parse import urlsplit
+
+import attrs
 
 from .model import DEFAULT_PROXY, DEFAULT_START_PORT
 from .paths import Path, Problem, did_you_mean, format_path
-from .values import describe
+from .values import MacroValue, describe
 
-__all__ = ["MAX_EXPANDED_LENGTH", "expand_macros"]
+__all__ = ["MAX_EXPANDED_LENGTH", "PortProbe", "expand_macros", "port_free"]
 
 #: The most characters a macro, or a value using macros, may expand to.
 MAX_EXPANDED_LENGTH = 65_536
@@ -39,6 +44,8 @@ _REF = re.compile(r"\$\{([^}]*)\}")
 _MACRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 Substitute = Callable[[str, Path], str]
+#: ``(host, port)`` → whether ``${PORT}`` may hand out ``port``.
+PortProbe = Callable[[str, int], bool]
 Replace = Callable[[re.Match[str]], str]
 
 
@@ -75,41 +82,55 @@ def _expand_or_report(text: str, path: Path, replace: Replace, problems: list[Pr
         return text
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (a probe: bind, then close)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As servers do: a port whose old connections linger in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def expand_macros(
-    raw: Mapping[str, Any], environ: Mapping[str, str]
+    raw: Mapping[str, Any],
+    environ: Mapping[str, str],
+    port_free: PortProbe = port_free,
 ) -> tuple[dict[str, Any], list[Problem]]:
     """Expand every macro in ``raw`` and give the result with every problem found.
 
     Args:
         raw: the parsed TOML document (not modified).
         environ: where ``${env.NAME}`` looks up ``NAME``.
+        port_free: whether ``${PORT}`` may hand out a port (on a host of the model's
+            ``proxy``); a port in use is skipped.
 
     Returns:
         A copy of ``raw`` with macros substituted, ``[macros]`` reduced to its valid entries
-        as strings, and each model's default ``proxy`` filled in; and the problems.
+        as strings, each model's ``macros`` removed and its default ``proxy`` filled in;
+        and the problems.
     """
     problems: list[Problem] = []
-    table = raw.get("macros", {})
-    macros = _user_macros(table, environ, problems)
-    # Invalid macros are reported at their definition, not again at each use.
-    invalid = set(table) - set(macros) if isinstance(table, dict) else set()
-
-    def first_pass(text: str, path: Path) -> str:
-        def replace(match: re.Match[str]) -> str:
-            return _user_or_env(match, path, macros, environ, problems, invalid)
-
-        return _expand_or_report(text, path, replace, problems)
-
-    doc = {
-        key: value if key == "macros" else _map_strings(value, (key,), first_pass)
-        for key, value in raw.items()
-    }
-    if "macros" in raw:
-        doc["macros"] = macros
+    macros = _user_macros(raw.get("macros", {}), ("macros",), environ, problems)
+    first_pass = macros.first_pass(environ, problems)
+    doc: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "macros":
+            doc[key] = dict(macros.text)
+        elif key == "models" and isinstance(value, dict):
+            doc[key] = {
+                model_id: _first_pass_model(model_id, model, macros, environ, problems)
+                for model_id, model in value.items()
+            }
+        else:
+            doc[key] = _map_strings(value, (key,), first_pass)
     models = doc.get("models")
     ports: dict[str, int] = {}
     if isinstance(models, dict):
-        ports = _allocate_ports(models, doc.get("startPort"), problems)
+        ports = _allocate_ports(models, doc.get("startPort"), problems, port_free)
         for model_id, model in models.items():
             if isinstance(model, dict):
                 models[model_id] = _expand_model(model_id, model, ports.get(model_id), problems)
@@ -117,6 +138,86 @@ def expand_macros(
         if key not in ("macros", "models"):
             _map_strings(value, (key,), lambda text, path: _leftovers(text, path, None, problems))
     return doc, problems
+
+
+@attrs.frozen
+class _Scope:
+    """The user macros one value may use: ``[macros]``, and a model's own over them."""
+
+    text: Mapping[str, str]  # each valid macro's expansion
+    typed: Mapping[str, int | float | bool]  # those whose value is a number or a boolean
+    invalid: frozenset[str]  # names reported at their definition, not again at each use
+
+    def inner(self, local: _Scope) -> _Scope:
+        """This scope with ``local`` (a model's ``macros``) defined over it."""
+        typed = {k: v for k, v in self.typed.items() if k not in local.text}
+        return _Scope(
+            {**self.text, **local.text},
+            {**typed, **local.typed},
+            (self.invalid - local.text.keys()) | local.invalid,
+        )
+
+    def first_pass(self, environ: Mapping[str, str], problems: list[Problem]) -> Substitute:
+        """Substitutes user and environment macros; a value that is one macro of a number
+        or a boolean (``"${n}"``) becomes a :class:`MacroValue` of it."""
+
+        def substitute(text: str, path: Path) -> str:
+            whole = _REF.fullmatch(text)
+            if whole is not None and whole.group(1) in self.typed:
+                name = whole.group(1)
+                return MacroValue(self.text[name], self.typed[name])
+
+            def replace(match: re.Match[str]) -> str:
+                return _user_or_env(match, path, self.text, environ, problems, self.invalid)
+
+            return _expand_or_report(text, path, replace, problems)
+
+        return substitute
+
+
+def _first_pass_model(
+    model_id: str,
+    model: object,
+    macros: _Scope,
+    environ: Mapping[str, str],
+    problems: list[Problem],
+) -> object:
+    """``[models.ID]`` with user and environment macros substituted, its own ``macros``
+    (which override ``[macros]`` within it) applied and removed."""
+    base: Path = ("models", model_id)
+    if not isinstance(model, dict):
+        return _map_strings(model, base, macros.first_pass(environ, problems))
+    scope = macros
+    if "macros" in model:
+        local = _user_macros(model["macros"], (*base, "macros"), environ, problems, macros)
+        scope = macros.inner(local)
+    substitute = scope.first_pass(environ, problems)
+    expanded = {
+        key: _map_strings(value, (*base, key), substitute)
+        for key, value in model.items()
+        if key != "macros"
+    }
+    _map_by_id_keys(expanded, base, substitute, problems)
+    return expanded
+
+
+def _map_by_id_keys(
+    model: dict[str, Any], base: Path, substitute: Substitute, problems: list[Problem]
+) -> None:
+    """Substitute macros in the keys of ``filters.setParamsByID`` (``"${MODEL_ID}:hot"``),
+    the one table whose keys take macros: they are names a client sends."""
+    filters = model.get("filters")
+    table = filters.get("setParamsByID") if isinstance(filters, dict) else None
+    if not isinstance(filters, dict) or not isinstance(table, dict):
+        return
+    path = (*base, "filters", "setParamsByID")
+    renamed: dict[str, Any] = {}
+    for name, value in table.items():
+        new = str(substitute(name, (*path, name)))
+        if new in renamed:
+            problems.append(Problem((*path, name), f"becomes {new!r}, as another key does"))
+        renamed[new] = value
+    model["filters"] = {**filters, "setParamsByID": renamed}
 
 
 def _map_strings(value: Any, path: Path, substitute: Substitute) -> Any:
@@ -131,17 +232,22 @@ def _map_strings(value: Any, path: Path, substitute: Substitute) -> Any:
 
 
 def _user_macros(
-    table: object, environ: Mapping[str, str], problems: list[Problem]
-) -> dict[str, str]:
+    table: object,
+    base: Path,
+    environ: Mapping[str, str],
+    problems: list[Problem],
+    outer: _Scope | None = None,
+) -> _Scope:
+    """The macros of ``table`` (at ``base``); each may use those above it, and ``outer``'s."""
     if not isinstance(table, dict):
-        problems.append(
-            Problem(("macros",), f"expected a table of name = value, got {describe(table)}")
-        )
-        return {}
+        problems.append(Problem(base, f"expected a table of name = value, got {describe(table)}"))
+        return _Scope({}, {}, frozenset())
+    visible: Mapping[str, str] = {} if outer is None else outer.text
     defined: dict[str, str] = {}
+    typed: dict[str, int | float | bool] = {}
     position = {name: index for index, name in enumerate(table)}
     for index, (name, value) in enumerate(table.items()):
-        path: Path = ("macros", name)
+        path: Path = (*base, name)
         if not _MACRO_NAME.fullmatch(name):
             problems.append(
                 Problem(path, f"invalid macro name {name!r}; use letters, digits, '_' and '-'")
@@ -181,7 +287,7 @@ def _user_macros(
             if ref in position and ref not in defined:
                 uses_invalid.append(ref)  # reported at its own definition
                 return match.group(0)
-            return _user_or_env(match, path, defined, environ, problems)
+            return _user_or_env(match, path, {**visible, **defined}, environ, problems)
 
         try:
             expanded = _expand(text, replace)
@@ -193,7 +299,9 @@ def _user_macros(
         # Keeping the unexpanded ${...} would let a chain of them still double in size.
         if not uses_invalid:
             defined[name] = expanded
-    return defined
+            if not isinstance(value, str):
+                typed[name] = value
+    return _Scope(defined, typed, frozenset(table) - defined.keys())
 
 
 def _user_or_env(
@@ -229,10 +337,23 @@ def _uses_port(cmd: object) -> bool:
     return isinstance(cmd, list) and any(isinstance(a, str) and "${PORT}" in a for a in cmd)
 
 
+def _local_host(model: dict[str, Any]) -> str | None:
+    """The address to probe a port on: the host of the model's ``proxy`` when it is this
+    machine, else ``None`` (a port elsewhere cannot be probed from here)."""
+    proxy = model.get("proxy", DEFAULT_PROXY)
+    try:
+        host = urlsplit(proxy).hostname if isinstance(proxy, str) else None
+        address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host or "")
+    except ValueError:
+        return None
+    return str(address) if address.is_loopback else None
+
+
 def _allocate_ports(
-    models: dict[str, Any], start: object, problems: list[Problem]
+    models: dict[str, Any], start: object, problems: list[Problem], free: PortProbe
 ) -> dict[str, int]:
-    """Ports for the models whose ``cmd`` uses ``${PORT}``, in sorted model-ID order."""
+    """Ports for the models whose ``cmd`` uses ``${PORT}``, in sorted model-ID order,
+    skipping those in use on the model's (local) ``proxy`` host."""
     port = (
         start
         if isinstance(start, int) and not isinstance(start, bool) and 0 < start < 65536
@@ -242,6 +363,9 @@ def _allocate_ports(
     for model_id in sorted(models):
         model = models[model_id]
         if isinstance(model, dict) and _uses_port(model.get("cmd")):
+            host = _local_host(model)
+            while host is not None and port <= 65535 and not free(host, port):
+                port += 1
             if port > 65535:
                 problems.append(
                     Problem(
@@ -270,13 +394,19 @@ def _expand_model(
         fixed["PORT"] = str(port)
 
     def second_pass(text: str, path: Path) -> str:
+        if port is not None and text == "${PORT}":
+            return MacroValue(fixed["PORT"], port)  # a number where the key takes one
+
         def replace(match: re.Match[str]) -> str:
             return fixed.get(match.group(1), match.group(0))
 
         text = _expand_or_report(text, path, replace, problems)
         return _leftovers(text, path, model_id if report_port else "", problems)
 
-    return {k: _map_strings(v, ("models", model_id, k), second_pass) for k, v in model.items()}
+    base: Path = ("models", model_id)
+    expanded = {k: _map_strings(v, (*base, k), second_pass) for k, v in model.items()}
+    _map_by_id_keys(expanded, base, second_pass, problems)
+    return expanded
 
 
 def _leftovers(text: str, path: Path, model_id: str | None, problems: list[Problem]) -> str:

@@ -29,6 +29,8 @@ __all__ = [
     "GroupConfig",
     "Hooks",
     "LogLevel",
+    "LogTimeFormat",
+    "LogToStdout",
     "MatrixConfig",
     "ModelConfig",
     "OnStartup",
@@ -40,6 +42,7 @@ __all__ = [
     "SchedulerSettings",
     "SerialSettings",
     "StoreConfig",
+    "Timeouts",
     "key",
     "toml_key",
     "within",
@@ -64,6 +67,10 @@ MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
 MAX_QUEUED = Bounds(1, 10_000_000, "a number of requests")
 SLOTS = Bounds(1, 256, "a number of slots")
+CONNECT_TIMEOUT = Bounds(0.001, 3_600, "a duration", "seconds", "1 hour", zero="no limit")
+RESPONSE_TIMEOUT = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no limit")
+IDLE_CONN_TIMEOUT = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no limit")
+KEEPALIVE = Bounds(1, 7_200, "a duration", "seconds", "2 hours", zero="off")
 EVICT_COST = Bounds(1, 1_000_000, "a cost")
 FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 #: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
@@ -106,10 +113,64 @@ class LogLevel(str, enum.Enum):
     ERROR = "error"
 
 
+#: ``logTimeFormat``: llama-swap's names (Go's time layouts); "" = no timestamp.
+LogTimeFormat = Literal[
+    "",
+    "ansic",
+    "unixdate",
+    "rubydate",
+    "rfc822",
+    "rfc822z",
+    "rfc850",
+    "rfc1123",
+    "rfc1123z",
+    "rfc3339",
+    "rfc3339nano",
+    "kitchen",
+    "stamp",
+    "stampmilli",
+    "stampmicro",
+    "stampnano",
+]
+
+
+class LogToStdout(str, enum.Enum):
+    """``logToStdout``: which log lines reach standard output."""
+
+    PROXY = "proxy"  # llamaswap's own
+    UPSTREAM = "upstream"  # the model servers' output
+    BOTH = "both"
+    NONE = "none"
+
+
 @attrs.frozen
 class FilterConfig:
+    """``filters``: what changes in a request's JSON body on its way upstream."""
+
     strip_params: tuple[str, ...] = ()
     set_params: Mapping[str, Any] = attrs.field(factory=dict)
+    #: Keys set after ``set_params`` when the request named the key (models only; each key
+    #: other than the model's ID is also an alias of the model).
+    set_params_by_id: Mapping[str, Mapping[str, Any]] = attrs.field(
+        factory=dict, metadata=key("setParamsByID")
+    )
+
+    def params_for(self, requested: str) -> Mapping[str, Any]:
+        """What to set for a request that named ``requested``: ``setParams``, then
+        ``setParamsByID[requested]`` over it."""
+        by_id = self.set_params_by_id.get(requested)
+        return {**self.set_params, **by_id} if by_id else self.set_params
+
+
+@attrs.frozen
+class Timeouts:
+    """``timeouts``: limits on the connections to a model server or a peer (0: none)."""
+
+    connect: float = attrs.field(default=10.0, metadata=within(CONNECT_TIMEOUT))
+    tls_handshake: float = attrs.field(default=10.0, metadata=within(CONNECT_TIMEOUT))
+    response_header: float = attrs.field(default=0.0, metadata=within(RESPONSE_TIMEOUT))
+    idle_conn: float = attrs.field(default=4.0, metadata=within(IDLE_CONN_TIMEOUT))
+    keepalive: float = attrs.field(default=0.0, metadata=within(KEEPALIVE))
 
 
 @attrs.frozen
@@ -122,6 +183,7 @@ class ModelConfig:
     check_endpoint: str = "/health"
     ttl: float = attrs.field(default=0.0, metadata=within(TTL))
     unload_timeout: float = attrs.field(default=10.0, metadata=within(UNLOAD_TIMEOUT))
+    timeouts: Timeouts = Timeouts()
     aliases: tuple[str, ...] = ()
     env: Mapping[str, str] = attrs.field(factory=dict)
     name: str | None = None
@@ -227,6 +289,8 @@ class PeerConfig:
     proxy: str
     models: tuple[str, ...]
     api_key: str | None = None
+    filters: FilterConfig = FilterConfig()
+    timeouts: Timeouts = Timeouts()
 
 
 @attrs.frozen
@@ -249,6 +313,9 @@ class Config:
     models: Mapping[str, ModelConfig] = attrs.field(factory=dict)
     health_check_timeout: float = attrs.field(default=120.0, metadata=within(HEALTH_CHECK_TIMEOUT))
     log_level: LogLevel = LogLevel.INFO
+    log_to_stdout: LogToStdout = LogToStdout.PROXY
+    #: None: not set (logging's own timestamp, as before the key existed).
+    log_time_format: LogTimeFormat | None = None
     start_port: int = attrs.field(default=DEFAULT_START_PORT, metadata=within(START_PORT))
     global_ttl: float = attrs.field(default=0.0, metadata=key("globalTTL") | within(TTL))
     unload_timeout: float = attrs.field(default=10.0, metadata=within(UNLOAD_TIMEOUT))
@@ -261,6 +328,8 @@ class Config:
     hooks: Hooks = Hooks()
     peers: Mapping[str, PeerConfig] = attrs.field(factory=dict)
     store: StoreConfig | None = None
+    #: Origins whose browser pages may call llamaswap (CORS); ``"*"``: any.
+    cors_origins: tuple[str, ...] = ("*",)
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

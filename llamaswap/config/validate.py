@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 import attrs
 
 from .matrix_expr import check_sets
-from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config
+from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config, ModelConfig
 from .paths import Path, Problem, format_path, suggestion
 from .values import number_text
 
@@ -31,7 +31,8 @@ logger = logging.getLogger("llamaswap.config")
 def validate(
     config: Config, *, dropped: Mapping[str, Sequence[str]] | None = None
 ) -> tuple[Config, list[Problem]]:
-    """Check what the types alone cannot, and apply the one silent fix (the bonus cap).
+    """Check what the types alone cannot; add each ``setParamsByID`` key to its model's
+    aliases, and cap ``swapAffinityBonus``.
 
     Args:
         config: the structured config.
@@ -39,12 +40,13 @@ def validate(
             reported), by ID, with their aliases; references to them are not reported again.
 
     Returns:
-        The config (with ``swapAffinityBonus`` capped) and every problem found.
+        The config (with those aliases, and the bonus capped) and every problem found.
     """
     problems: list[Problem] = []
     _check_top_level(config, problems)
     lost: Mapping[str, Sequence[str]] = dropped or {}
     _check_models(config, lost, problems)
+    config = _with_by_id_aliases(config)
     model_ids = {*config.models, *lost}
     names = set(model_ids)
     for aliases in [*(model.aliases for model in config.models.values()), *lost.values()]:
@@ -64,6 +66,27 @@ def validate(
 def _check_top_level(config: Config, problems: list[Problem]) -> None:
     for index, api_key in enumerate(config.api_keys):
         _check_api_key(api_key, ("apiKeys", index), problems)
+    for index, origin in enumerate(config.cors_origins):
+        _check_origin(origin, ("corsOrigins", index), problems)
+
+
+def _check_origin(origin: str, path: Path, problems: list[Problem]) -> None:
+    """``"*"`` or an origin as browsers send it: scheme and host, maybe a port, no path."""
+    if origin == "*":
+        return
+    try:
+        parts = urllib.parse.urlsplit(origin)
+        valid = bool(parts.scheme and parts.hostname) and parts.port != 0
+    except ValueError:
+        valid = False
+    if not valid or origin.rstrip("/") != f"{parts.scheme}://{parts.netloc}":
+        problems.append(
+            Problem(
+                path,
+                'expected "*" or an origin like "http://localhost:3000" (no path), '
+                f"got {origin!r}",
+            )
+        )
 
 
 def _check_api_key(api_key: str, path: Path, problems: list[Problem]) -> None:
@@ -115,8 +138,11 @@ def _check_models(config: Config, dropped: Collection[str], problems: list[Probl
                     f"expected a path starting with '/' or \"none\", got {model.check_endpoint!r}",
                 )
             )
-        for index, alias in enumerate(model.aliases):
-            path = (*base, "aliases", index)
+        by_id: list[tuple[Path, str]] = [
+            ((*base, "filters", "setParamsByID", name), name)
+            for name in _by_id_aliases(model_id, model)
+        ]
+        for path, alias in [*_indexed((*base, "aliases"), model.aliases), *by_id]:
             if any(char.isspace() for char in alias) or not alias:
                 problems.append(
                     Problem(path, f"alias {alias!r} must not be empty or contain whitespace")
@@ -133,6 +159,26 @@ def _check_models(config: Config, dropped: Collection[str], problems: list[Probl
                 problems.append(Problem(path, f"alias {alias!r} is already used by {owner}"))
             else:
                 owners[alias] = model_id
+
+
+def _indexed(path: Path, items: Sequence[str]) -> list[tuple[Path, str]]:
+    return [((*path, index), item) for index, item in enumerate(items)]
+
+
+def _by_id_aliases(model_id: str, model: ModelConfig) -> list[str]:
+    """The ``setParamsByID`` keys that are not yet names of the model."""
+    names = model.filters.set_params_by_id
+    return [name for name in names if name != model_id and name not in model.aliases]
+
+
+def _with_by_id_aliases(config: Config) -> Config:
+    """Each ``setParamsByID`` key (but the model's ID) made an alias of its model, as in
+    llama-swap: the name a client sends to get those parameters."""
+    models = dict(config.models)
+    for model_id, model in config.models.items():
+        if extra := _by_id_aliases(model_id, model):
+            models[model_id] = attrs.evolve(model, aliases=(*model.aliases, *extra))
+    return attrs.evolve(config, models=models)
 
 
 def _check_reference(
@@ -215,6 +261,14 @@ def _check_peers(config: Config, problems: list[Problem]) -> None:
         _check_url(peer.proxy, (*base, "proxy"), problems)
         if peer.api_key is not None:
             _check_api_key(peer.api_key, (*base, "apiKey"), problems)
+        if peer.filters.set_params_by_id:
+            problems.append(
+                Problem(
+                    (*base, "filters", "setParamsByID"),
+                    "only models take setParamsByID (a peer's models have no aliases here); "
+                    "use setParams",
+                )
+            )
         if not peer.models:
             problems.append(Problem((*base, "models"), "expected at least one model name"))
         for index, name in enumerate(peer.models):

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_COMMAND_LENGTH",
     "Bounds",
     "InvalidValue",
+    "MacroValue",
     "describe",
     "number_text",
     "parse_bool",
@@ -32,6 +33,7 @@ __all__ = [
     "parse_int_in",
     "parse_int_table",
     "parse_str",
+    "plain",
 ]
 
 DURATION_HINT = 'expected a number of seconds or a duration like "90s"'
@@ -61,6 +63,33 @@ class InvalidValue(ValueError):
         """One exception carrying several problems (``problems`` must not be empty)."""
         (first_at, first), *rest = problems
         return cls(first, at=first_at, more=rest)
+
+
+class MacroValue(str):
+    """A value that was one macro of a number or a boolean (``"${n}"``, ``"${PORT}"``): a
+    key that takes text reads the text, any other key the number or boolean, as in
+    llama-swap."""
+
+    typed: int | float | bool
+
+    def __new__(cls, text: str, typed: int | float | bool) -> MacroValue:
+        value = super().__new__(cls, text)
+        value.typed = typed
+        return value
+
+    def __getnewargs__(self) -> tuple[str, int | float | bool]:  # type: ignore[override]
+        return str(self), self.typed  # for copy.deepcopy
+
+
+def plain(value: object) -> object:
+    """``value`` without :class:`MacroValue` s: each replaced by its number or boolean."""
+    if isinstance(value, MacroValue):
+        return value.typed
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
 
 
 def describe(value: object) -> str:
@@ -124,11 +153,12 @@ def parse_str(value: object) -> str:
     """A TOML string, unchanged."""
     if not isinstance(value, str):
         raise InvalidValue(f"expected a string, got {describe(value)}")
-    return value
+    return str(value)  # a plain string, not a MacroValue
 
 
 def parse_int(value: object) -> int:
     """A TOML integer (``true``/``false`` and floats are rejected)."""
+    value = plain(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidValue(f"expected an integer, got {describe(value)}")
     return value
@@ -159,6 +189,7 @@ def parse_int_table(value: object, bounds: Bounds) -> dict[str, int]:
 
 def parse_bool(value: object) -> bool:
     """A TOML boolean: ``true`` or ``false``, not a string or a number."""
+    value = plain(value)
     if not isinstance(value, bool):
         raise InvalidValue(f"expected true or false, got {describe(value)}")
     return value
@@ -174,6 +205,7 @@ def parse_duration(value: object) -> float:
     Raises:
         InvalidValue: the value is of another type, malformed, negative or not finite.
     """
+    value = plain(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise InvalidValue(f"{DURATION_HINT}, got {describe(value)}")
     try:
@@ -189,6 +221,7 @@ def parse_duration(value: object) -> float:
 
 def parse_duration_in(value: object, bounds: Bounds) -> float:
     """A duration (see :func:`parse_duration`) within ``bounds``."""
+    value = plain(value)
     if isinstance(value, int) and not isinstance(value, bool) and value > bounds.high:
         bounds.check(value)  # before it becomes a float: it may be too large for one
     seconds = parse_duration(value)
@@ -235,7 +268,7 @@ def parse_command(value: object) -> tuple[str, ...]:
         if bad:
             raise InvalidValue.many(bad)
         _check_command_length(sum(len(arg) + 1 for arg in value) - 1)
-        args = tuple(value)
+        args = tuple(map(str, value))
     else:
         raise InvalidValue(
             f"expected a command line string or an array of strings, got {describe(value)}"
@@ -278,7 +311,7 @@ def parse_env(value: object) -> dict[str, str]:
             elif not name or "=" in name:
                 problems.append(((name,), f"invalid environment variable name {name!r}"))
             else:
-                env[name] = item
+                env[name] = str(item)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             if not isinstance(item, str):

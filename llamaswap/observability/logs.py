@@ -15,6 +15,7 @@ bounded ``Feed``, and lines it is too slow for are dropped and counted.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import heapq
 import logging
 import threading
@@ -30,7 +31,16 @@ from llamaswap.process.supervisor import output_logger
 
 from .feed import Feed, Feeds
 
-__all__ = ["LOG_FORMAT", "Logs", "RingHandler", "SourcedLine", "capture_logs"]
+__all__ = [
+    "LOG_FORMAT",
+    "ConsoleFormatter",
+    "Logs",
+    "RingHandler",
+    "SourcedLine",
+    "capture_logs",
+    "configure_console",
+    "log_time",
+]
 
 #: The format of llamaswap's own log lines (the console's and ``/logs``).
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -38,6 +48,77 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 OWN_LOG_LINES = 1000
 #: Lines a log follower may fall behind before lines are dropped.
 FOLLOWER_BUFFER = 1000
+
+
+#: ``logTimeFormat`` names (Go's time layouts, as llama-swap spells them) as strftime formats;
+#: the rfc3339 and stamp* ones with fractions are built in ``log_time``.
+_LAYOUTS = {
+    "ansic": "%a %b %e %H:%M:%S %Y",
+    "unixdate": "%a %b %e %H:%M:%S %Z %Y",
+    "rubydate": "%a %b %d %H:%M:%S %z %Y",
+    "rfc822": "%d %b %y %H:%M %Z",
+    "rfc822z": "%d %b %y %H:%M %z",
+    "rfc850": "%A, %d-%b-%y %H:%M:%S %Z",
+    "rfc1123": "%a, %d %b %Y %H:%M:%S %Z",
+    "rfc1123z": "%a, %d %b %Y %H:%M:%S %z",
+    "kitchen": "%-I:%M%p",
+    "stamp": "%b %e %H:%M:%S",
+}
+_STAMP_DIGITS = {"stampmilli": 3, "stampmicro": 6, "stampnano": 9}
+
+
+def log_time(name: str, moment: datetime.datetime) -> str:
+    """``moment`` (aware) as the ``logTimeFormat`` called ``name`` shows it."""
+    if name in ("rfc3339", "rfc3339nano"):
+        text = moment.isoformat(timespec="microseconds" if name == "rfc3339nano" else "seconds")
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+    if name in _STAMP_DIGITS:  # Python keeps microseconds: nanoseconds end in 000
+        fraction = f"{moment.microsecond:06d}000"[: _STAMP_DIGITS[name]]
+        return f"{moment.strftime(_LAYOUTS['stamp'])}.{fraction}"
+    return moment.strftime(_LAYOUTS[name])
+
+
+@final
+class ConsoleFormatter(logging.Formatter):
+    """``LOG_FORMAT``, with the timestamp ``logTimeFormat`` names (``""``: none; ``None``:
+    logging's own, ``2026-12-01 07:30:24,123``)."""
+
+    def __init__(self, time_format: str | None) -> None:
+        super().__init__(LOG_FORMAT if time_format != "" else LOG_FORMAT.split(" ", 1)[1])
+        self._time_format = time_format
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if not self._time_format:
+            return super().formatTime(record, datefmt)
+        moment = datetime.datetime.fromtimestamp(record.created).astimezone()
+        return log_time(self._time_format, moment)
+
+
+def configure_console(level: str, to_stdout: str, time_format: str | None) -> None:
+    """Log to the console (standard error) what ``logToStdout`` says.
+
+    Args:
+        level: ``logLevel`` (``"debug"``, ``"info"``, ``"warn"``, ``"error"``).
+        to_stdout: ``"proxy"``: llamaswap's own log, which at debug level holds a copy of
+            each model's output; ``"upstream"``: only the models' output, at any level;
+            ``"both"``: both, the models' output at any level; ``"none"``: nothing.
+        time_format: ``logTimeFormat``, or ``None`` when the config does not set it.
+    """
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING if level == "warn" else level.upper())
+    if to_stdout == "none":
+        return
+    if to_stdout in ("upstream", "both"):
+        output_logger.setLevel(logging.DEBUG)  # at every level, not only debug
+    own = to_stdout in ("proxy", "both")
+
+    def wanted(record: logging.LogRecord) -> bool:
+        return record.name == output_logger.name or own
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(ConsoleFormatter(time_format))
+    handler.addFilter(wanted)
+    root.addHandler(handler)
 
 
 @attrs.frozen

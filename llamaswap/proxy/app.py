@@ -40,7 +40,7 @@ from llamaswap.router.names import Local
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import live, ui
+from . import cors, live, ui
 from .auth import authorized
 from .errors import error_response
 from .exchange import Exchange, Recorder
@@ -55,7 +55,10 @@ __all__ = ["Application", "create_app"]
 class Application:
     """The ASGI callable hypercorn serves."""
 
-    def __init__(self, quart: QuartTrio, forwarder: Forwarder, reloader: Reloader | None) -> None:
+    def __init__(
+        self, quart: QuartTrio, forwarder: Forwarder, reloader: Reloader | None, router: Router
+    ) -> None:
+        self.router = router
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
@@ -87,6 +90,11 @@ class Application:
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # lifespan
             return
+        origins = self.router.config.cors_origins
+        if origins and cors.is_preflight(scope):
+            await cors.answer_preflight(origins, scope, send)  # no API key: browsers send none
+            return
+        send = cors.with_origin(origins, scope, send)
         # A request body must keep arriving: at most REQUEST_BODY_TIMEOUT between pieces
         # (hypercorn bounds the head; see _serve.py). If it stops, the handler sees the
         # client leave, as if it had hung up, and the client gets a 408. Once the body is
@@ -337,4 +345,4 @@ def create_app(
     register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
-    return Application(quart, Forwarder(router, pool, recorder), reloader)
+    return Application(quart, Forwarder(router, pool, recorder), reloader, router)

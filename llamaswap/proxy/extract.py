@@ -78,17 +78,20 @@ def rewrite_body(
     *,
     model: str | None,
     filters: FilterConfig | None = None,
+    requested: str = "",
 ) -> Payload:
-    """``payload`` with ``model`` set (unless ``None``) and the filters applied."""
+    """``payload`` with ``model`` set (unless ``None``) and the filters applied: those of
+    ``setParamsByID`` for the name the client sent (``requested``) after ``setParams``."""
     filters = filters or FilterConfig()
+    set_params = filters.params_for(requested)
     if where is ModelIn.JSON:
-        if model is None and not filters.strip_params and not filters.set_params:
+        if model is None and not filters.strip_params and not set_params:
             return payload
         document = dict(payload.json())  # only top-level keys change
         for key in filters.strip_params:
             if key != "model":
                 document.pop(key, None)
-        for key, value in filters.set_params.items():
+        for key, value in set_params.items():
             if key != "model":
                 document[key] = value
         if model is not None:

@@ -13,11 +13,14 @@ What it keeps of httpcore's habits, as rules:
   (h11 says DONE for both, no write failed, the server did not say ``Connection: close``);
   anything else (an error, a cancellation anywhere, a response not read to its end) closes
   it at once.
-* Idle connections are bounded by age (``idle_timeout``, below the 5 s keep-alive of
-  llama-server's cpp-httplib, hypercorn and uvicorn) and by count (``max_idle_per_origin``,
-  the oldest go first). Expired ones are closed, not just forgotten: the checkout sweeps its
-  origin, the checkin every origin. A checked-out connection the server has closed (readable
-  while idle: EOF) is closed and the next one tried.
+* Idle connections are bounded by age (``timeouts.idleConn``, by default 4 s: below the
+  5 s keep-alive of llama-server's cpp-httplib, hypercorn and uvicorn) and by count
+  (``max_idle_per_origin``, the oldest go first). Expired ones are closed, not just
+  forgotten: the checkout sweeps its origin, the checkin every origin. A checked-out
+  connection the server has closed (readable while idle: EOF) is closed and the next one
+  tried.
+* Timeouts are the model's or peer's ``timeouts`` (connect, TLS handshake, response head,
+  idle, TCP keep-alive); a request that gets no response head in time is never sent again.
 * A write that fails is not the end: the server may have answered early (413 to a large
   upload) and closed, and that answer is what the caller gets. h11 reads a response while
   our side is mid-body; the connection is never reused after it. (Not over TLS: trio's
@@ -42,7 +45,9 @@ graceful TLS close, no reading to the end), so the server sees the disconnect.
 
 from __future__ import annotations
 
+import math
 import select
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
@@ -54,6 +59,8 @@ from urllib.parse import urlsplit
 import attrs
 import h11
 import trio
+
+from llamaswap.config.model import Timeouts
 
 __all__ = ["UpstreamFailed", "UpstreamPool", "UpstreamResponse"]
 
@@ -67,9 +74,10 @@ _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 class UpstreamFailed(Exception):
     """The upstream could not be reached, or broke the exchange off."""
 
-    def __init__(self, detail: str, *, answered: bool) -> None:
+    def __init__(self, detail: str, *, answered: bool, timed_out: bool = False) -> None:
         super().__init__(detail)
         self.answered = answered  # the response had started when it failed
+        self.timed_out = timed_out  # no answer within responseHeader: never sent again
 
 
 @attrs.frozen
@@ -102,7 +110,7 @@ class _Connection:
         self.stream = stream
         self._tcp = tcp
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
-        self.idle_since = 0.0
+        self.idle_until = 0.0  # when an idle connection expires (trio time)
         self.written = 0  # bytes of this exchange the socket took (TLS: every byte tried)
         self.broken = False  # a write failed: h11 may say DONE, the stream is not reusable
 
@@ -185,8 +193,8 @@ class UpstreamPool:
         max_idle_per_origin: int = 64,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._connect_timeout = connect_timeout
-        self._idle_timeout = idle_timeout
+        #: For requests that bring no ``timeouts`` of their own (readiness probes).
+        self._timeouts = Timeouts(connect=connect_timeout, idle_conn=idle_timeout)
         self._max_idle = max_idle_per_origin
         self._ssl_context = ssl_context
         self._idle: dict[_Origin, deque[_Connection]] = {}  # oldest first
@@ -199,13 +207,16 @@ class UpstreamPool:
         target: str,
         headers: list[tuple[bytes, bytes]],
         body: bytes | AsyncIterable[bytes] | None,
+        timeouts: Timeouts | None = None,
     ) -> AsyncIterator[UpstreamResponse]:
         """Send ``method base+target`` and yield the response once its head has arrived.
 
         ``body``: bytes (sent with a Content-Length), an async iterable (sent with the
         Content-Length in ``headers``, else chunked), or None (no body). ``headers`` must
-        not carry Host or connection-specific fields. Raises UpstreamFailed.
+        not carry Host or connection-specific fields. ``timeouts``: the model's or peer's
+        (0: no limit), else the pool's own. Raises UpstreamFailed.
         """
+        limits = timeouts or self._timeouts
         origin = _origin(base)
         head = [(b"host", origin.host_header), *headers]
         if isinstance(body, bytes):
@@ -221,23 +232,23 @@ class UpstreamPool:
         reused = connection is not None
         try:
             if connection is None:
-                connection = await self._connect(origin)
+                connection = await self._connect(origin, limits)
             try:
-                response = await _exchange(connection, request, body)
-            except UpstreamFailed:
+                response = await _exchange(connection, request, body, limits.response_header)
+            except UpstreamFailed as exc:
                 # The server may have closed the reused connection as we sent: once more,
                 # anew, if that cannot make the server act twice.
                 replayable = method in _IDEMPOTENT and (body is None or isinstance(body, bytes))
-                if not (reused and (connection.written == 0 or replayable)):
+                if exc.timed_out or not (reused and (connection.written == 0 or replayable)):
                     raise
                 connection.close()
                 connection = None
-                connection = await self._connect(origin)
-                response = await _exchange(connection, request, body)
+                connection = await self._connect(origin, limits)
+                response = await _exchange(connection, request, body, limits.response_header)
             yield response
         finally:
             if connection is not None:
-                self._checkin(origin, connection)
+                self._checkin(origin, connection, limits.idle_conn)
 
     def _checkout(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -251,11 +262,11 @@ class UpstreamPool:
             connection.close()
         return None
 
-    def _checkin(self, origin: _Origin, connection: _Connection) -> None:
+    def _checkin(self, origin: _Origin, connection: _Connection, idle_conn: float) -> None:
         if connection.reusable():
             connection.h11.start_next_cycle()
             connection.written = 0
-            connection.idle_since = trio.current_time()
+            connection.idle_until = trio.current_time() + (idle_conn or math.inf)
             idle = self._idle.get(origin)
             if idle is None:
                 idle = self._idle[origin] = deque()
@@ -266,34 +277,45 @@ class UpstreamPool:
             self._expire(idle)
 
     def _expire(self, idle: deque[_Connection]) -> None:
-        """Close the connections idle past ``idle_timeout``, then the oldest beyond the count."""
-        expired_before = trio.current_time() - self._idle_timeout
-        while idle and (len(idle) > self._max_idle or idle[0].idle_since < expired_before):
+        """Close the connections idle past their ``idleConn``, then the oldest beyond the count.
+
+        (Connections to one origin share their model's ``idleConn``, so the oldest expires
+        first.)"""
+        now = trio.current_time()
+        while idle and (len(idle) > self._max_idle or idle[0].idle_until < now):
             idle.popleft().close()
 
-    async def _connect(self, origin: _Origin) -> _Connection:
+    async def _connect(self, origin: _Origin, limits: Timeouts) -> _Connection:
+        where = f"{origin.host}:{origin.port}"
         try:
-            with trio.fail_after(self._connect_timeout):
+            with trio.fail_after(limits.connect or math.inf):
                 tcp = await trio.open_tcp_stream(origin.host, origin.port)  # TCP_NODELAY on
-                if origin.scheme == "http":
-                    return _Connection(tcp, tcp)
-                if self._ssl_context is None:
-                    self._ssl_context = ssl.create_default_context()
-                tls = trio.SSLStream(
-                    tcp, self._ssl_context, server_hostname=origin.host, https_compatible=True
-                )
-                try:
-                    await tls.do_handshake()
-                except BaseException:
-                    tcp.socket.close()
-                    raise
-                return _Connection(tls, tcp)
         except trio.TooSlowError as exc:
-            where = f"{origin.host}:{origin.port}"
-            detail = f"no connection to {where} within {self._connect_timeout:g} s"
+            detail = f"no connection to {where} within {limits.connect:g} s"
             raise UpstreamFailed(detail, answered=False) from exc
         except _BROKEN as exc:
             raise UpstreamFailed(_describe(exc), answered=False) from exc
+        if limits.keepalive:
+            _keep_alive(tcp.socket, limits.keepalive)
+        if origin.scheme == "http":
+            return _Connection(tcp, tcp)
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
+        tls = trio.SSLStream(
+            tcp, self._ssl_context, server_hostname=origin.host, https_compatible=True
+        )
+        try:
+            with trio.fail_after(limits.tls_handshake or math.inf):
+                await tls.do_handshake()
+        except BaseException as exc:
+            tcp.socket.close()
+            if isinstance(exc, trio.TooSlowError):
+                detail = f"no TLS handshake with {where} within {limits.tls_handshake:g} s"
+                raise UpstreamFailed(detail, answered=False) from exc
+            if isinstance(exc, _BROKEN):
+                raise UpstreamFailed(_describe(exc), answered=False) from exc
+            raise
+        return _Connection(tls, tcp)
 
     async def __aenter__(self) -> UpstreamPool:
         return self
@@ -310,9 +332,13 @@ class UpstreamPool:
 
 
 async def _exchange(
-    connection: _Connection, request: h11.Request, body: bytes | AsyncIterable[bytes] | None
+    connection: _Connection,
+    request: h11.Request,
+    body: bytes | AsyncIterable[bytes] | None,
+    head_timeout: float,
 ) -> UpstreamResponse:
-    """Send the request and wait for the response's head.
+    """Send the request and wait for the response's head, at most ``head_timeout`` seconds
+    (0: no limit) after the request's end.
 
     If a write fails after some bytes went out, the response is read all the same.
     """
@@ -336,18 +362,31 @@ async def _exchange(
             if not connection.written:
                 raise
             failed = exc  # but the server may have answered before it stopped reading
-        while True:
-            event = await connection.next_event()
-            if isinstance(event, h11.Response):
-                return UpstreamResponse(connection, event)
-            if not isinstance(event, h11.InformationalResponse):  # 1xx: read on
-                raise h11.RemoteProtocolError(f"unexpected {event!r}")
+        with trio.move_on_after(head_timeout or math.inf):
+            while True:
+                event = await connection.next_event()
+                if isinstance(event, h11.Response):
+                    return UpstreamResponse(connection, event)
+                if not isinstance(event, h11.InformationalResponse):  # 1xx: read on
+                    raise h11.RemoteProtocolError(f"unexpected {event!r}")
+        connection.broken = True  # the answer may still come: never reuse it
+        detail = f"no response within {head_timeout:g} s (timeouts.responseHeader)"
+        raise UpstreamFailed(detail, answered=False, timed_out=True)
     except _BROKEN as exc:
         cause = exc if failed is None else failed
         if cause is exc and connection.h11.trailing_data[1]:  # EOF: h11 says "SEND_RESPONSE"
             detail = "the server closed the connection before answering"
             raise UpstreamFailed(detail, answered=False) from exc
         raise UpstreamFailed(_describe(cause), answered=False) from cause
+
+
+def _keep_alive(sock: trio.socket.SocketType, seconds: float) -> None:
+    """TCP keep-alive probes after ``seconds`` without traffic, then every ``seconds``."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    whole = max(1, math.ceil(seconds))
+    for option in ("TCP_KEEPIDLE", "TCP_KEEPINTVL"):  # Linux; macOS has TCP_KEEPALIVE only
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), whole)
 
 
 def _describe(exc: BaseException) -> str:

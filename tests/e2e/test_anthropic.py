@@ -9,6 +9,7 @@ import json
 import anthropic
 import pytest
 import trio
+from anthropic.types import DocumentBlockParam, MessageParam, PlainTextSourceParam
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import ProxyProcess, open_raw_request
@@ -32,7 +33,7 @@ cmd = "${fake} --crash-after-tokens 3"
 """
 )
 
-ASK = [{"role": "user", "content": "hello there"}]
+ASK: list[MessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 def sdk(proxy: ProxyProcess) -> anthropic.AsyncAnthropic:
@@ -108,12 +109,15 @@ async def test_errors_under_translate(proxy_factory: StartProxy) -> None:
             assert refused.value.response.headers["x-llamaswap-upstream"] == "translated"
             assert "max_tokens must be a non-negative integer" in refused.value.message
             # What llamaswap cannot translate is its own 400.
+            source: PlainTextSourceParam = {
+                "type": "text",
+                "media_type": "text/plain",
+                "data": "a letter",
+            }
+            block: DocumentBlockParam = {"type": "document", "source": source}
+            document: MessageParam = {"role": "user", "content": [block]}
             with pytest.raises(anthropic.BadRequestError) as untranslatable:
-                await client.messages.create(
-                    model="translated",
-                    max_tokens=5,
-                    messages=[{"role": "user", "content": [{"type": "document"}]}],  # type: ignore[list-item]
-                )
+                await client.messages.create(model="translated", max_tokens=5, messages=[document])
             assert "x-llamaswap-upstream" not in untranslatable.value.response.headers
             assert "'document' block cannot be translated" in untranslatable.value.message
 

@@ -18,9 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 import trio
+from anthropic.types import MessageParam
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import (
@@ -130,6 +132,44 @@ async def test_chat_with_real_usage_streaming_and_not(
                             pieces.append(delta["content"])
             assert "".join(pieces) == text
             assert abs(len(pieces) - usage["completion_tokens"]) <= 1
+
+
+async def test_anthropic_messages_translated(proxy_factory: StartProxy, config: str) -> None:
+    # llama-cpp-python has no /v1/messages: llamaswap translates. A Messages request has no
+    # logit_bias, so a filter rules out the end token on the translated request.
+    translated = '[models.tiny-a]\nanthropic = "translate"\n'
+    translated += 'filters.setParams = { logit_bias = { "2" = -100 } }\n'
+    text = config.replace("[models.tiny-a]\n", translated)
+    proxy = await proxy_factory(text)
+    ask: list[MessageParam] = [{"role": "user", "content": "hello"}]
+    greedy = {"temperature": 0}  # sent as extra_body: this SDK has no temperature argument
+    sdk = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="unused", max_retries=0)
+    async with sdk as client:
+        with trio.fail_after(120):
+            message = await client.messages.create(
+                model="tiny-a", max_tokens=20, system="Be brief.", messages=ask, extra_body=greedy
+            )
+            assert message.model == "tiny-a"
+            assert message.stop_reason == "max_tokens"  # the end token was ruled out
+            [block] = message.content
+            assert block.type == "text"
+            assert block.text
+            assert message.usage.input_tokens > 0
+            assert 0 < message.usage.output_tokens <= 21
+
+            # The same greedy request, streamed: the same text, a piece per event.
+            pieces: list[str] = []
+            async with client.messages.stream(
+                model="tiny-a", max_tokens=20, system="Be brief.", messages=ask, extra_body=greedy
+            ) as stream:
+                async for event in stream:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        pieces.append(event.delta.text)
+                streamed = await stream.get_final_message()
+            assert "".join(pieces) == block.text
+            assert streamed.content[0].text == block.text  # type: ignore[union-attr]
+            assert streamed.stop_reason == "max_tokens"
+            assert abs(len(pieces) - message.usage.output_tokens) <= 1
 
 
 async def test_swap_between_the_two_models(proxy_factory: StartProxy, config: str) -> None:

@@ -9,7 +9,8 @@ import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
 
-from llamaswap.errors import BadRequest
+from llamaswap.config import loads_config
+from llamaswap.errors import BadRequest, ConfigError
 from llamaswap.proxy.anthropic import (
     MessageStream,
     Translation,
@@ -438,3 +439,17 @@ def test_count_tokens_estimate() -> None:
     assert estimate_tokens(body) == 7
     with pytest.raises(BadRequest):
         estimate_tokens({"model": "m"})
+
+
+def test_the_anthropic_key() -> None:
+    config = loads_config(
+        '[models.a]\ncmd = "serve a ${PORT}"\n'
+        '[models.b]\ncmd = "serve b ${PORT}"\nanthropic = "translate"\n'
+    )
+    assert (config.models["a"].anthropic, config.models["b"].anthropic) == ("native", "translate")
+    with pytest.raises(ConfigError) as error:
+        loads_config('[models.a]\ncmd = "serve a ${PORT}"\nanthropic = "translated"\n')
+    [problem] = error.value.problems
+    assert problem.path == "models.a.anthropic"
+    assert "expected one of 'native', 'translate'" in problem.message
+    assert "did you mean 'translate'" in problem.message

@@ -157,7 +157,7 @@ def test_ports_are_allocated_in_sorted_model_id_order_only_where_cmd_uses_port()
     assert beta.proxy == "http://127.0.0.1:9001"
     assert beta.cmd_stop == ("stop", "--port", "9001", "--pid", "${PID}")
     assert beta.env == {"LISTEN": "127.0.0.1:9001"}
-    assert beta.metadata == {"port": "9001"}
+    assert beta.metadata == {"port": 9001}  # one macro of a number: the number
     assert models["gamma"].cmd == ("remote-server",)
     assert models["gamma"].proxy == "http://10.0.0.5:8080"
     assert models["zeta"].cmd == ("server", "--port", "9002")

@@ -226,3 +226,15 @@ def test_an_error_class_answers_like_its_nearest_ancestor_in_the_table() -> None
     assert error_response(Evicted("m"))[0] == 503
     status, _, body = error_response(Unmapped("oops"))
     assert (status, json.loads(body)["error"]["code"]) == (500, "internal_error")
+
+
+def test_set_params_by_id_applies_for_the_name_requested_after_set_params() -> None:
+    filters = FilterConfig(
+        set_params={"temperature": 0.7, "top_p": 0.9},
+        set_params_by_id={"chat:hot": {"temperature": 1.5, "model": "no"}},
+    )
+    payload = Payload(b'{"model": "chat:hot", "temperature": 0.1}', "application/json")
+    hot = rewrite_body(ModelIn.JSON, payload, model=None, filters=filters, requested="chat:hot")
+    assert hot.json() == {"model": "chat:hot", "temperature": 1.5, "top_p": 0.9}
+    plain = rewrite_body(ModelIn.JSON, payload, model=None, filters=filters, requested="chat")
+    assert plain.json() == {"model": "chat:hot", "temperature": 0.7, "top_p": 0.9}

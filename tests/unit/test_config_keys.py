@@ -1,0 +1,371 @@
+"""The keys llama-swap users bring: setParamsByID, model macros, typed macros, timeouts,
+peer filters, CORS origins, logToStdout/logTimeFormat, and ${PORT} skipping busy ports."""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+from collections.abc import Iterator, Mapping
+
+import pytest
+
+from llamaswap.config import Config, loads_config
+from llamaswap.config.macros import port_free
+from llamaswap.config.model import FilterConfig, LogToStdout, Timeouts
+from llamaswap.errors import ConfigError
+
+
+def load(text: str, environ: Mapping[str, str] | None = None) -> Config:
+    return loads_config(textwrap.dedent(text), file="test.toml", environ=environ or {})
+
+
+def problems_of(text: str) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        load(text)
+    return {problem.path: problem.message for problem in info.value.problems}
+
+
+# --- setParamsByID ---------------------------------------------------------------------
+
+
+def test_set_params_by_id_keys_take_macros_and_become_aliases() -> None:
+    config = load(
+        """
+        [models.chat]
+        cmd = "server --port ${PORT}"
+        aliases = ["gpt"]
+
+        [models.chat.filters.setParams]
+        temperature = 0.7
+        top_p = 0.9
+
+        [models.chat.filters.setParamsByID."${MODEL_ID}"]
+        reasoning = "medium"
+        [models.chat.filters.setParamsByID."${MODEL_ID}:hot"]
+        temperature = 1.5
+        [models.chat.filters.setParamsByID.gpt]
+        top_p = 0.5
+        """
+    )
+    model = config.models["chat"]
+    # The model's own ID and an existing alias are not added again.
+    assert model.aliases == ("gpt", "chat:hot")
+    assert config.resolve("chat:hot") == "chat"
+    filters = model.filters
+    assert filters.params_for("chat:hot") == {"temperature": 1.5, "top_p": 0.9}
+    assert filters.params_for("chat") == {"temperature": 0.7, "top_p": 0.9, "reasoning": "medium"}
+    assert filters.params_for("gpt") == {"temperature": 0.7, "top_p": 0.5}
+    assert filters.params_for("other") == {"temperature": 0.7, "top_p": 0.9}
+
+
+def test_params_for_without_by_id_is_set_params() -> None:
+    filters = FilterConfig(set_params={"a": 1})
+    assert filters.params_for("x") == {"a": 1}
+
+
+def test_set_params_by_id_key_may_not_be_another_models_name() -> None:
+    found = problems_of(
+        """
+        [models.a]
+        cmd = "a --port ${PORT}"
+        aliases = ["shared"]
+        [models.b]
+        cmd = "b --port ${PORT}"
+        [models.b.filters.setParamsByID.a]
+        x = 1
+        [models.b.filters.setParamsByID.shared]
+        x = 2
+        """
+    )
+    assert found == {
+        "models.b.filters.setParamsByID.a": "alias 'a' is already the ID of models.a",
+        "models.b.filters.setParamsByID.shared": "alias 'shared' is already used by models.a",
+    }
+
+
+def test_set_params_by_id_keys_that_become_equal_are_an_error() -> None:
+    found = problems_of(
+        """
+        [macros]
+        hot = "chat:hot"
+        [models.chat]
+        cmd = "c --port ${PORT}"
+        [models.chat.filters.setParamsByID."${hot}"]
+        x = 1
+        [models.chat.filters.setParamsByID."${MODEL_ID}:hot"]
+        x = 2
+        """
+    )
+    assert found == {
+        'models.chat.filters.setParamsByID."${MODEL_ID}:hot"': (
+            "becomes 'chat:hot', as another key does"
+        )
+    }
+
+
+def test_set_params_by_id_values_must_be_tables() -> None:
+    found = problems_of(
+        """
+        [models.chat]
+        cmd = "c --port ${PORT}"
+        filters = { setParamsByID = { "chat:hot" = 1 } }
+        """
+    )
+    assert found == {'models.chat.filters.setParamsByID."chat:hot"': "expected a table, got 1"}
+
+
+# --- model macros and typed macros ------------------------------------------------------
+
+
+def test_model_macros_override_global_ones_within_that_model() -> None:
+    config = load(
+        """
+        [macros]
+        ctx = 4096
+        server = "server --port ${PORT}"
+        [models.big]
+        cmd = "${server} --ctx ${ctx} --temp ${temp}"
+        [models.big.macros]
+        ctx = 16384
+        temp = "0.7 --x ${ctx}"
+        [models.small]
+        cmd = "${server} --ctx ${ctx}"
+        """
+    )
+    assert config.models["big"].cmd[3:] == ("--ctx", "16384", "--temp", "0.7", "--x", "16384")
+    assert config.models["small"].cmd[3:] == ("--ctx", "4096")
+    assert config.macros == {"ctx": "4096", "server": "server --port ${PORT}"}
+
+
+def test_model_macros_follow_the_global_rules() -> None:
+    found = problems_of(
+        """
+        [models.m]
+        cmd = "server ${nope}"
+        proxy = "http://127.0.0.1:9000"
+        macros = { PORT = "1", "bad name" = "x", later = "${after}", after = "y" }
+        [models.n]
+        cmd = "server"
+        proxy = "http://127.0.0.1:9001"
+        macros = "x"
+        """
+    )
+    assert found == {
+        "models.m.macros.PORT": "'PORT' is a built-in macro; choose another name",
+        'models.m.macros."bad name"': (
+            "invalid macro name 'bad name'; use letters, digits, '_' and '-'"
+        ),
+        "models.m.macros.later": "uses ${after}, which is defined after it; move after above it",
+        "models.m.cmd": "unknown macro ${nope}; define it under [macros]",
+        "models.n.macros": "expected a table of name = value, got 'x'",
+    }
+
+
+def test_a_value_that_is_one_number_macro_becomes_that_number() -> None:
+    config = load(
+        """
+        [macros]
+        n = 4
+        t = 0.5
+        on = true
+        [models.m]
+        cmd = ["server", "--port", "${PORT}", "-n", "${n}"]
+        concurrencyLimit = "${n}"
+        ttl = "${n}"
+        sendLoadingState = "${on}"
+        env = { PORT = "${PORT}", N = "${n}" }
+        metadata = { port = "${PORT}", t = "${t}", list = ["${on}", "n=${n}"] }
+        [models.m.filters.setParams]
+        temperature = "${t}"
+        """
+    )
+    model = config.models["m"]
+    assert model.concurrency_limit == 4
+    assert model.ttl == 4.0
+    assert model.send_loading_state is True
+    # Keys that take text read the macro's text, as plain strings.
+    assert model.cmd == ("server", "--port", "5800", "-n", "4")
+    assert [type(arg) for arg in model.cmd] == [str] * 5
+    assert model.env == {"PORT": "5800", "N": "4"}
+    assert type(model.env["PORT"]) is str
+    assert model.metadata == {"port": 5800, "t": 0.5, "list": [True, "n=4"]}
+    assert model.filters.set_params == {"temperature": 0.5}
+
+
+def test_a_string_macro_stays_a_string() -> None:
+    found = problems_of(
+        """
+        [macros]
+        n = "4"
+        [models.m]
+        cmd = "server --port ${PORT}"
+        concurrencyLimit = "${n}"
+        """
+    )
+    assert found == {"models.m.concurrencyLimit": "expected an integer, got '4'"}
+
+
+def test_a_typed_macro_out_of_range_names_the_range() -> None:
+    found = problems_of(
+        """
+        [macros]
+        n = 0
+        [models.m]
+        cmd = "server --port ${PORT}"
+        concurrencyLimit = "${n}"
+        """
+    )
+    assert found == {"models.m.concurrencyLimit": "expected a limit from 1 to 10000, got 0"}
+
+
+# --- timeouts and peer filters ----------------------------------------------------------
+
+
+def test_timeouts_for_models_and_peers() -> None:
+    config = load(
+        """
+        [models.m]
+        cmd = "server --port ${PORT}"
+        [models.m.timeouts]
+        connect = 30
+        responseHeader = "1m"
+        idleConn = 90
+        keepalive = 30
+        tlsHandshake = 5
+        [peers.p]
+        proxy = "https://p.example"
+        models = ["x"]
+        timeouts = { responseHeader = 0 }
+        [peers.p.filters]
+        stripParams = ["temperature"]
+        setParams = { provider = { zdr = true } }
+        """
+    )
+    assert config.models["m"].timeouts == Timeouts(
+        connect=30, tls_handshake=5, response_header=60, idle_conn=90, keepalive=30
+    )
+    peer = config.peers["p"]
+    assert peer.timeouts == Timeouts()
+    assert peer.filters == FilterConfig(("temperature",), {"provider": {"zdr": True}})
+
+
+def test_timeouts_defaults() -> None:
+    timeouts = load('[models.m]\ncmd = "s --port ${PORT}"\n').models["m"].timeouts
+    assert (timeouts.connect, timeouts.tls_handshake) == (10.0, 10.0)
+    assert (timeouts.response_header, timeouts.idle_conn, timeouts.keepalive) == (0, 4.0, 0)
+
+
+def test_timeouts_problems() -> None:
+    found = problems_of(
+        """
+        [models.m]
+        cmd = "server --port ${PORT}"
+        timeouts = { connect = -1, keepalive = 0.5, dial = 3, idleConn = "2d" }
+        [peers.p]
+        proxy = "http://p:1"
+        models = ["x"]
+        filters = { setParamsByID = { y = { a = 1 } } }
+        """
+    )
+    assert found == {
+        "models.m.timeouts.connect": "expected a duration of 0 seconds or more, got -1",
+        "models.m.timeouts.keepalive": (
+            "expected 0 (off) or a duration from 1 to 7200 seconds (2 hours), got 0.5 seconds"
+        ),
+        "models.m.timeouts.idleConn": (
+            "expected 0 (no limit) or a duration from 0.001 to 86400 seconds (1 day), "
+            "got 172800 seconds"
+        ),
+        "models.m.timeouts.dial": (
+            "unknown key 'dial'; this table's keys are 'connect', 'idleConn', 'keepalive', "
+            "'responseHeader', 'tlsHandshake'"
+        ),
+        "peers.p.filters.setParamsByID": (
+            "only models take setParamsByID (a peer's models have no aliases here); use setParams"
+        ),
+    }
+
+
+# --- top-level keys ---------------------------------------------------------------------
+
+
+def test_cors_and_log_keys() -> None:
+    config = load(
+        """
+        corsOrigins = ["http://localhost:3000", "https://app.example"]
+        logToStdout = "both"
+        logTimeFormat = "rfc3339"
+        """
+    )
+    assert config.cors_origins == ("http://localhost:3000", "https://app.example")
+    assert config.log_to_stdout is LogToStdout.BOTH
+    assert config.log_time_format == "rfc3339"
+    default = load("")
+    assert (default.cors_origins, default.log_to_stdout, default.log_time_format) == (
+        ("*",),
+        LogToStdout.PROXY,
+        None,  # logging's own timestamp
+    )
+
+
+def test_cors_and_log_key_problems() -> None:
+    found = problems_of(
+        """
+        corsOrigins = ["http://localhost:3000/app", "localhost", "*"]
+        logToStdout = "stderr"
+        logTimeFormat = "RFC3339"
+        """
+    )
+    origin = 'expected "*" or an origin like "http://localhost:3000" (no path), got '
+    assert found["corsOrigins[0]"] == origin + "'http://localhost:3000/app'"
+    assert found["corsOrigins[1]"] == origin + "'localhost'"
+    assert found["logToStdout"] == (
+        "expected one of 'proxy', 'upstream', 'both', 'none', got 'stderr'"
+    )
+    assert found["logTimeFormat"].endswith("got 'RFC3339'; did you mean 'rfc3339'?")
+    assert len(found) == 4
+
+
+# --- ${PORT} skips ports in use ---------------------------------------------------------
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port another process (here: a listening socket) holds on 127.0.0.1."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def test_port_free_sees_a_listening_socket(held_port: int) -> None:
+    assert not port_free("127.0.0.1", held_port)
+
+
+def test_port_skips_a_port_in_use(held_port: int) -> None:
+    config = load(
+        f"""
+        startPort = {held_port}
+        [models.a]
+        cmd = "server --port ${{PORT}}"
+        [models.b]
+        cmd = "server --port ${{PORT}}"
+        [models.c]
+        cmd = "server --port ${{PORT}}"
+        proxy = "http://10.1.2.3:${{PORT}}"
+        """
+    )
+    a, b, c = (config.models[name] for name in "abc")
+    assert a.proxy == f"http://127.0.0.1:{held_port + 1}"
+    assert b.proxy == f"http://127.0.0.1:{held_port + 2}"
+    # A proxy on another machine is not probed from here.
+    assert c.proxy == f"http://10.1.2.3:{held_port + 3}"
+
+
+def test_port_probe_is_injectable() -> None:
+    config = loads_config(
+        '[models.a]\ncmd = "s --port ${PORT}"\n[models.b]\ncmd = "s --port ${PORT}"\n',
+        free=lambda host, port: port % 2 == 1,
+    )
+    assert config.models["a"].proxy == "http://127.0.0.1:5801"
+    assert config.models["b"].proxy == "http://127.0.0.1:5803"
