@@ -14,7 +14,7 @@ from llamaswap._serve import serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
 from llamaswap.errors import ConfigError, LlamaSwapError
-from llamaswap.observability.logs import LOG_FORMAT
+from llamaswap.observability.logs import configure_console
 from llamaswap.router.swappers import make_swapper
 
 __all__ = ["check_config", "main"]
@@ -81,10 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(exc, file=sys.stderr)
         sys.exit(2)
     level = options.log_level or config.log_level.value
-    logging.basicConfig(
-        level=logging.WARNING if level == "warn" else level.upper(),
-        format=LOG_FORMAT,
-    )
+    configure_console(level, config.log_to_stdout.value, config.log_time_format)
     # --log-level debug is about llamaswap and its models, not every HTTP/2 header.
     logging.getLogger("hpack").setLevel(logging.WARNING)
     try:

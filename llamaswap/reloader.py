@@ -91,7 +91,10 @@ class Reloader:
         """
         async with self._lock:
             try:
-                config = await trio.to_thread.run_sync(load_config, self.path)
+                ours = self._own_ports()
+                config = await trio.to_thread.run_sync(
+                    partial(load_config, self.path, free=lambda h, p: p in ours or port_free(h, p))
+                )
                 make_swapper(config)  # e.g. `use = "matrix"`, not served yet
             except ConfigError as exc:
                 problems = tuple(problem.render(exc.file) for problem in exc.problems)
@@ -105,6 +108,7 @@ class Reloader:
                 self.last_success = trio.current_time()
             self._report(result)
             return result
+
     def _own_ports(self) -> frozenset[int]:
         """The ports of the running configuration's models: in use by them, so free for
         ``${PORT}`` to hand out again (a model keeps its port across a reload)."""
@@ -113,7 +117,6 @@ class Reloader:
             with contextlib.suppress(ValueError):
                 ports.add(urlsplit(model.proxy).port)
         return frozenset(port for port in ports if port is not None)
-
 
     def _report(self, result: ReloadResult) -> None:
         if result.ok:

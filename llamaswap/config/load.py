@@ -57,9 +57,9 @@ def load_config(path: str | os.PathLike[str], *, free: PortProbe = port_free) ->
 
     Args:
         path: the file to read (UTF-8 TOML).
+        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
 
     Returns:
-        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
         The validated configuration.
 
     Raises:
@@ -85,9 +85,9 @@ def loads_config(
     file: str = "<config>",
     environ: Mapping[str, str] | None = None,
     directory: str | None = None,
+    free: PortProbe = port_free,
 ) -> Config:
     """Parse, expand and validate configuration text.
-    free: PortProbe = port_free,
 
     Args:
         text: the TOML document.
@@ -95,9 +95,9 @@ def loads_config(
         environ: the variables ``${env.NAME}`` reads; defaults to ``os.environ``.
         directory: what a relative ``store.path`` is relative to (``load_config`` passes
             the file's directory); ``None`` leaves it relative to the working directory.
+        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
 
     Returns:
-        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
         The validated configuration.
 
     Raises:
