@@ -135,12 +135,11 @@ async def test_chat_with_real_usage_streaming_and_not(
 
 
 async def test_anthropic_messages_translated(proxy_factory: StartProxy, config: str) -> None:
-    # llama-cpp-python has no /v1/messages: llamaswap translates. A Messages request has no
-    # logit_bias, so a filter rules out the end token on the translated request.
-    translated = '[models.tiny-a]\nanthropic = "translate"\n'
-    translated += 'filters.setParams = { logit_bias = { "2" = -100 } }\n'
-    text = config.replace("[models.tiny-a]\n", translated)
-    proxy = await proxy_factory(text)
+    # llama-cpp-python has no /v1/messages: the example config has llamaswap translate. A
+    # Messages request has no logit_bias, so a filter rules out the end token.
+    assert config.count('anthropic = "translate"') == 2
+    greedy_filter = '[models.tiny-a]\nfilters.setParams = { logit_bias = { "2" = -100 } }\n'
+    proxy = await proxy_factory(config.replace("[models.tiny-a]\n", greedy_filter))
     ask: list[MessageParam] = [{"role": "user", "content": "hello"}]
     greedy = {"temperature": 0}  # sent as extra_body: this SDK has no temperature argument
     sdk = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="unused", max_retries=0)
