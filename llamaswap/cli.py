@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llamaswap",
         description="A model-swapping, priority-scheduling proxy for local AI servers.",
-        epilog="Validate a config without serving: llamaswap check-config PATH",
+        epilog="Validate a config without serving: llamaswap check-config PATH. "
+        "Translate a llama-swap config: llamaswap import-config FILE -o config.toml",
     )
     parser.add_argument("--version", action="version", version=f"llamaswap {version()}")
     parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
@@ -69,11 +70,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if len(args) != 2:
             print("usage: llamaswap check-config PATH", file=sys.stderr)
             sys.exit(2)
+        sys.exit(check_config(args[1]))
     if args[:1] == ["simulate"]:
         from llamaswap.simulate.command import main as simulate
 
         sys.exit(simulate(args[1:]))
-        sys.exit(check_config(args[1]))
+    if args[:1] == ["import-config"]:
+        from llamaswap.migrate.command import import_config
+
+        sys.exit(import_config(args[1:]))
     options = _parser().parse_args(args)
     try:
         config = load_config(options.config)

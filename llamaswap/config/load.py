@@ -12,6 +12,7 @@ import copy
 import functools
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,6 +51,7 @@ _TOO_DEEP = (
     "flatten it"
 )
 _SHOWN_PARTS = 3  # a path thousands of parts long is no help: show where it starts
+_YAML_KEY = re.compile(r"[\w.-]+:(\s|$)")  # "key:" opening a YAML mapping; never TOML
 
 
 def load_config(path: str | os.PathLike[str], *, free: PortProbe = port_free) -> Config:
@@ -135,6 +137,8 @@ def _parse_toml(text: str, file: str) -> dict[str, Any]:
     except tomli.TOMLDecodeError as exc:
         message = exc.msg[:1].lower() + exc.msg[1:]
         problem = ConfigProblem("", f"invalid TOML: {message}", exc.lineno, exc.colno)
+        if _is_yaml(text, file):
+            problem = ConfigProblem("", _yaml_hint(file))
     except RecursionError:
         message = f"arrays or inline tables nest too deeply; at most {MAX_NESTING} levels"
         problem = ConfigProblem("", f"invalid TOML: {message} are allowed")
@@ -148,6 +152,20 @@ def _parse_toml(text: str, file: str) -> dict[str, Any]:
         else:
             problem = ConfigProblem("", f"invalid TOML: {exc}")
     raise ConfigError(file, [problem]) from None
+
+
+def _is_yaml(text: str, file: str) -> bool:
+    """Whether ``text`` (that is not TOML) is YAML: by its name, or by its first line."""
+    if file.lower().endswith((".yaml", ".yml")):
+        return True
+    lines = (line.strip() for line in text.splitlines())
+    first = next((line for line in lines if line and not line.startswith("#")), "")
+    return first == "---" or _YAML_KEY.match(first) is not None
+
+
+def _yaml_hint(file: str) -> str:
+    command = f"llamaswap import-config {shlex.quote(file)} -o config.toml"
+    return f"this is YAML (llama-swap's format), not TOML; translate it with: {command}"
 
 
 def _long_integer(text: str, digits: int) -> tuple[int | None, int | None]:

@@ -385,8 +385,8 @@ class Forwarder:
                     count = anthropic.estimate_tokens(payload.json())
                     await reply.json(200, {"input_tokens": count})
                     return
-                chat, translation = anthropic.chat_request(payload.json())
-                payload = Payload(json.dumps(chat).encode(), "application/json", chat)
+                raw, chat, translation = anthropic.chat_body(payload.json())
+                payload = Payload(raw, "application/json", chat)
                 path = anthropic.CHAT_PATH
         if payload is not None and route.model_in is not None:
             payload = rewrite_body(

@@ -1,0 +1,107 @@
+"""``llamaswap import-config FILE [-o OUT] [--force]``: translate a llama-swap config."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+
+from ..config import loads_config
+from ..errors import ConfigError
+
+__all__ = ["import_config"]
+
+INSTALL_HINT = "pip install 'llamaswap[import]'"
+
+
+class _AnyEnvironment(Mapping[str, str]):
+    """Every environment variable set, to a placeholder: the output is checked as it would
+    be where llamaswap runs, not against this shell's variables."""
+
+    def __getitem__(self, name: str) -> str:
+        return "1"
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llamaswap import-config",
+        description="Translate a llama-swap YAML config into a llamaswap TOML config, "
+        "keeping its comments. What cannot be translated is listed on standard error.",
+    )
+    parser.add_argument("file", metavar="FILE", help="the llama-swap YAML config")
+    parser.add_argument(
+        "-o", "--output", metavar="OUT", help="write the TOML here (default: standard output)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    return parser
+
+
+def import_config(argv: Sequence[str]) -> int:
+    """Run the subcommand; the exit status: 0 when the TOML is valid, 2 otherwise."""
+    options = _parser().parse_args(argv)
+    try:
+        from .translate import YamlError, import_yaml  # the optional import extra
+    except ImportError:
+        print(
+            f"llamaswap import-config needs ruamel.yaml and tomlkit: {INSTALL_HINT}",
+            file=sys.stderr,
+        )
+        return 2
+    source: str = options.file
+    output: str | None = options.output
+    if output is not None and os.path.exists(output) and not options.force:
+        print(f"{output}: already exists; add --force to overwrite it", file=sys.stderr)
+        return 2
+    try:
+        with open(source, encoding="utf-8") as stream:
+            text = stream.read()
+        result = import_yaml(text)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        print(f"{source}: cannot read the file: {reason}", file=sys.stderr)
+        return 2
+    except (UnicodeDecodeError, YamlError) as exc:
+        print(f"{source}: {exc}", file=sys.stderr)
+        return 2
+    for remark in result.remarks:
+        print(f"{source}: {remark.render()}", file=sys.stderr)
+    name = output or "the translated config"
+    try:
+        loads_config(result.toml, file=name, environ=_AnyEnvironment())
+        problems: tuple[str, ...] = ()
+    except ConfigError as exc:
+        problems = tuple(problem.render(exc.file) for problem in exc.problems)
+    if output is None:
+        sys.stdout.write(result.toml)
+    else:
+        try:
+            with open(output, "w" if options.force else "x", encoding="utf-8") as stream:
+                stream.write(result.toml)
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            print(f"{output}: cannot write the file: {reason}", file=sys.stderr)
+            return 2
+    skipped = sum(remark.skipped for remark in result.remarks)
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        print(
+            f"{name} is not a valid llamaswap config yet: fix the problems above "
+            "(was the llama-swap config valid?)",
+            file=sys.stderr,
+        )
+        return 2
+    done = f"wrote {output}" if output else "translated"
+    left = f"{skipped} keys not translated (listed above)" if skipped else "every key translated"
+    print(f"{source}: {done}; {left}", file=sys.stderr)
+    return 0

@@ -1,0 +1,402 @@
+"""``llamaswap import-config``: llama-swap YAML → llamaswap TOML, and the YAML hint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tomli
+
+from llamaswap.cli import check_config, main
+from llamaswap.config import Config, loads_config
+from llamaswap.errors import ConfigError
+from llamaswap.migrate.translate import ImportResult, Remark, YamlError, import_yaml
+
+FIXTURE = Path(__file__).parent.parent / "data" / "llama-swap.yaml"
+ENV = {
+    "HOME": "/home/ana",
+    "LLAMASWAP_KEY": "sk-from-env",
+    "GPU2_KEY": "gpu2-key",
+    "OPENROUTER_API_KEY": "or-key",
+}
+
+
+def translate(yaml: str) -> tuple[ImportResult, Config]:
+    result = import_yaml(textwrap.dedent(yaml))
+    return result, loads_config(result.toml, environ=ENV)
+
+
+def remarks(result: ImportResult) -> list[tuple[str, bool]]:
+    return [(remark.path, remark.skipped) for remark in result.remarks]
+
+
+@pytest.fixture(scope="module")
+def fixture() -> tuple[ImportResult, Config]:
+    return translate(FIXTURE.read_text(encoding="utf-8"))
+
+
+def test_the_example_config_becomes_a_valid_config_with_the_same_values(
+    fixture: tuple[ImportResult, Config],
+) -> None:
+    _, config = fixture
+    assert config.health_check_timeout == 300
+    assert config.log_to_stdout.value == "both"
+    assert config.log_time_format == "rfc3339"
+    assert (config.start_port, config.global_ttl, config.unload_timeout) == (10001, 900, 10)
+    assert config.send_loading_state is True
+    assert config.api_keys == ("sk-local-1", "sk-from-env")
+    assert config.macros["default_args"] == "--threads 8 --flash-attn on"
+
+    qwen = config.models["qwen"]
+    # The multi-line cmd: its comment line dropped, macros (nested, per model, env) filled.
+    assert qwen.cmd[0] == "/opt/llama.cpp/build/bin/llama-server"
+    assert qwen.cmd[1] == "--port"
+    assert qwen.cmd[3:] == (
+        "--model",
+        "/home/ana/models/qwen3-8b-q4_k_m.gguf",
+        "--ctx-size",
+        "16384",
+        "--threads",
+        "8",
+        "--flash-attn",
+        "on",
+        "--temp",
+        "0.7",
+    )
+    assert qwen.env == {"CUDA_VISIBLE_DEVICES": "0", "GGML_CUDA_ENABLE_UNIFIED_MEMORY": "1"}
+    assert (qwen.name, qwen.description, qwen.use_model_name) == (
+        "Qwen3 8B",
+        "general chat",
+        "qwen3-8b",
+    )
+    assert (qwen.aliases[0], qwen.ttl, qwen.concurrency_limit) == ("gpt-4o-mini", 300, None)
+    assert qwen.filters.strip_params == ("temperature", "top_p", "top_k")  # 'model' never
+    assert qwen.filters.set_params == {"top_p": 0.9}
+    assert qwen.filters.set_params_by_id == {
+        "qwen:think": {"chat_template_kwargs": {"enable_thinking": True}}
+    }
+    assert config.resolve("qwen:think") == "qwen"
+    assert qwen.metadata == {"family": "qwen", "context": 16384}
+    assert (qwen.timeouts.connect, qwen.timeouts.response_header) == (10, 120)
+
+    coder = config.models["coder"]
+    assert coder.cmd[3:] == (
+        "--model",
+        "/home/ana/models/qwen2.5-coder-7b-q4_k_m.gguf",
+        "--ctx-size",
+        "32768",
+    )
+    assert coder.cmd_stop is None  # cmdStop: "" is llama-swap's "not set"
+    assert coder.ttl == 900  # ttl: -1 is the global TTL
+    assert (coder.unload_timeout, coder.send_loading_state) == (20, False)
+    assert config.models["embed"].cmd[-3:] == (
+        "--model",
+        "/home/ana/models/nomic-embed-text-v1.5.gguf",
+        "--embedding",
+    )
+    assert config.models["embed"].unlisted is True
+    whisper = config.models["whisper"]
+    assert (whisper.proxy, whisper.health_url) == ("http://127.0.0.1:9233", None)
+    docker = config.models["docker-llama"]
+    assert docker.cmd_stop == ("docker", "stop", "docker-llama")
+    assert docker.cmd[-1] == "/models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
+
+    assert config.hooks.on_startup.preload == ("embed",)
+    router = config.routing.router
+    assert router.use == "matrix"
+    group = router.settings.groups["always-on"]
+    assert (group.members, group.swap, group.exclusive, group.persistent) == (
+        ("embed",),
+        False,
+        False,
+        True,
+    )
+    assert router.settings.matrix is not None
+    assert router.settings.matrix.vars == {
+        "q": "qwen",
+        "c": "coder",
+        "e": "embed",
+        "whisper": "whisper",  # named directly in a set: given a var
+        "docker-llama": "docker-llama",
+    }
+    assert router.settings.matrix.evict_costs == {"docker-llama": 5}
+    assert router.settings.matrix.sets["speech"] == "whisper & e"
+    assert config.routing.scheduler.use == "fifo"
+    assert config.routing.scheduler.settings.fifo.priority == {"qwen": 10, "embed": 5}
+
+    gpu2, openrouter = config.peers["gpu2"], config.peers["openrouter"]
+    assert (gpu2.proxy, gpu2.api_key, gpu2.models) == (
+        "http://192.168.1.23:8080",
+        "gpu2-key",
+        ("llama-70b",),
+    )
+    assert openrouter.api_key == "or-key"
+    assert (openrouter.timeouts.connect, openrouter.timeouts.tls_handshake) == (30, 10)
+    assert openrouter.filters.strip_params == ("temperature", "top_p")
+    assert openrouter.filters.set_params == {"provider": {"data_collection": "deny", "zdr": True}}
+
+
+def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
+    fixture: tuple[ImportResult, Config],
+) -> None:
+    result, _ = fixture
+    assert remarks(result) == [
+        ("metricsMaxInMemory", True),
+        ("models.qwen.cmd", False),  # a comment moved out of it
+        ("models.qwen.timeouts.expectContinue", True),
+        ("models.qwen.capabilities", True),
+        ("models.docker-llama.compat", True),
+        ("routing.router.settings.matrix.vars", False),  # the vars it added
+        ("profiles", True),
+    ]
+    assert result.remarks[2].render() == (
+        "models.qwen.timeouts.expectContinue: not translated: "
+        "llamaswap has no key 'expectContinue' here"
+    )
+    for key in ("metricsMaxInMemory", "expectContinue", "capabilities", "compat", "profiles"):
+        assert key not in result.toml
+
+
+def test_comments_stay_where_they_were(fixture: tuple[ImportResult, Config]) -> None:
+    toml = fixture[0].toml
+    expected = [
+        # above a key, and the file's opening comments
+        "# config.example.yaml (a test fixture for `llamaswap import-config`).\n\n"
+        "# wait this long for a model to answer /health\nhealthCheckTimeout = 300\n",
+        # between the items of an array
+        '    "sk-local-1",\n    # from the environment, to keep it out of the file\n',
+        # above a table's header, and above a value in it
+        "# general chat, the default\n[models.qwen]\n",
+        "[models.qwen.filters]\n# clients may not change these\nstripParams = [",
+        # at the end of a line; an env list item's comment goes with its variable
+        'CUDA_VISIBLE_DEVICES = "0" # the first GPU\n',
+        "docker-llama = 5 # a container is slow to start\n",
+        "# sets may name models directly\n[routing.router.settings.matrix.sets]\n",
+        # a command's comment line using a macro goes above it (the macro might hold a
+        # line break); its other lines stay in it
+        "# ${llama-server} is defined above\ncmd = '''\n${llama-server}\n--model ",
+        "[hooks.on_startup]\n# loaded when llama-swap starts\npreload = [",
+    ]
+    for piece in expected:
+        assert piece in toml
+    # A dropped key's comment goes with it.
+    assert "llamaswap keeps a fixed number" not in toml
+
+
+def test_legacy_top_level_matrix_moves_under_routing() -> None:
+    result, config = translate(
+        """
+        models:
+          a: {cmd: "a --port ${PORT}"}
+          b: {cmd: "b --port ${PORT}"}
+        matrix:
+          vars: {x: a}
+          sets:
+            both: "x & b"
+        """
+    )
+    assert config.routing.router.use == "matrix"
+    assert config.routing.router.settings.matrix is not None
+    assert config.routing.router.settings.matrix.vars == {"x": "a", "b": "b"}
+    assert remarks(result) == [("matrix.vars", False)]  # at its path in the YAML file
+
+
+def test_legacy_top_level_groups_move_under_routing() -> None:
+    _, config = translate(
+        """
+        models:
+          a: {cmd: "a --port ${PORT}"}
+        groups:
+          g: {members: [a], swap: false}
+        """
+    )
+    assert config.routing.router.use == "group"
+    assert config.routing.router.settings.groups["g"].members == ("a",)
+    assert config.routing.router.settings.groups["g"].swap is False
+
+
+@pytest.mark.parametrize(
+    ("yaml", "key", "expected", "remark"),
+    [
+        ("healthCheckTimeout: 5", "healthCheckTimeout", 15, ("healthCheckTimeout", False)),
+        ("unloadTimeout: 0", "unloadTimeout", None, None),
+        ("logTimeFormat: ''", "logTimeFormat", None, None),
+        ("startPort: ~", "startPort", None, None),
+        ("apiKeys: [a, ~, b]", "apiKeys", ["a", "b"], ("apiKeys[1]", True)),
+    ],
+)
+def test_top_level_values(
+    yaml: str, key: str, expected: object, remark: tuple[str, bool] | None
+) -> None:
+    result = import_yaml(yaml)
+    assert tomli.loads(result.toml).get(key) == expected
+    assert remarks(result) == ([remark] if remark else [])
+
+
+@pytest.mark.parametrize(
+    ("yaml", "key", "expected"),
+    [
+        ("ttl: -1", "ttl", None),
+        ("ttl: 0", "ttl", 0),
+        ("concurrencyLimit: 0", "concurrencyLimit", None),
+        ("concurrencyLimit: 4", "concurrencyLimit", 4),
+        ("unloadTimeout: 0", "unloadTimeout", None),
+        ("env: [A=1, B=x=y]", "env", {"A": "1", "B": "x=y"}),
+        ("env: {A: '1'}", "env", {"A": "1"}),
+        ("filters: {strip_params: 'a, ,b,a'}", "filters", {"stripParams": ["a", "b"]}),
+        ("filters: {stripParams: 'model'}", "filters", None),
+        ("cmd: 'C:\\llama\\server.exe'", "cmd", "C:\\llama\\server.exe"),
+    ],
+)
+def test_model_values(yaml: str, key: str, expected: object) -> None:
+    result = import_yaml(f"models:\n  m:\n    {yaml}\n")
+    model = tomli.loads(result.toml)["models"]["m"]
+    assert model.get(key) == expected
+
+
+def test_an_env_variable_set_twice_keeps_the_last_value() -> None:
+    result = import_yaml("models:\n  m:\n    env: [A=1, B=2, A=3]\n")
+    assert tomli.loads(result.toml)["models"]["m"]["env"] == {"B": "2", "A": "3"}
+    assert result.remarks == (
+        Remark("models.m.env[2]", "A is set again here; the last value is kept", skipped=False),
+    )
+
+
+def test_a_multi_line_string_that_a_literal_cannot_hold_is_escaped() -> None:
+    result = import_yaml("macros:\n  x: \"a '''q''' \\\\\\nword\\n\"\n")
+    assert tomli.loads(result.toml)["macros"]["x"] == "a '''q''' \\\nword\n"
+
+
+@pytest.mark.parametrize(
+    ("yaml", "message"),
+    [("models: [a", "invalid YAML"), ("- a\n- b\n", "expected a mapping")],
+)
+def test_yaml_that_cannot_be_translated(yaml: str, message: str) -> None:
+    with pytest.raises(YamlError, match=message):
+        import_yaml(yaml)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamaswap", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_command_prints_the_toml_and_lists_what_it_left_out(tmp_path: Path) -> None:
+    done = run("import-config", str(FIXTURE), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == import_yaml(FIXTURE.read_text(encoding="utf-8")).toml
+    lines = done.stderr.splitlines()
+    assert f"{FIXTURE}: models.qwen.capabilities: not translated: " in done.stderr
+    assert lines[-1] == f"{FIXTURE}: translated; 5 keys not translated (listed above)"
+
+
+def test_the_command_writes_a_file_that_check_config_accepts(tmp_path: Path) -> None:
+    done = run("import-config", str(FIXTURE), "-o", "config.toml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines()[-1].endswith(
+        "wrote config.toml; 5 keys not translated (listed above)"
+    )
+    written = (tmp_path / "config.toml").read_text(encoding="utf-8")
+    loads_config(written, environ=ENV)
+
+    (tmp_path / "config.toml").write_text("# mine\n", encoding="utf-8")
+    again = run("import-config", str(FIXTURE), "-o", "config.toml", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr == "config.toml: already exists; add --force to overwrite it\n"
+    assert (tmp_path / "config.toml").read_text(encoding="utf-8") == "# mine\n"
+
+    forced = run("import-config", str(FIXTURE), "-o", "config.toml", "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "config.toml").read_text(encoding="utf-8") == written
+
+
+def test_the_command_fails_when_the_translation_is_not_a_valid_config(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "models:\n  a:\n    cmd: a --port ${PORT}\ngroups:\n  g:\n    members: [a, nope]\n",
+        encoding="utf-8",
+    )
+    done = run("import-config", "bad.yaml", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "the translated config: routing.router.settings.groups.g.members[1]: "
+        "unknown model 'nope'; known models: 'a'",
+        "the translated config is not a valid llamaswap config yet: fix the problems above "
+        "(was the llama-swap config valid?)",
+    ]
+    assert "[routing.router.settings.groups.g]" in done.stdout  # still printed, to fix
+
+
+def test_the_command_without_its_libraries_says_how_to_install_them(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['tomlkit'] = None; "
+        "from llamaswap.cli import main; main(['import-config', 'x.yaml'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "llamaswap import-config needs ruamel.yaml and tomlkit: pip install 'llamaswap[import]'\n"
+    )
+
+
+# -- a YAML file where TOML is expected ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama-swap.yaml", "config.yml", "config"])
+def test_check_config_on_a_yaml_file_points_to_the_converter(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / name
+    path.write_text("# my llama-swap\nmodels:\n  a:\n    cmd: a\n", encoding="utf-8")
+    assert check_config(str(path)) == 2
+    hint = (
+        f"{path}: this is YAML (llama-swap's format), not TOML; translate it with: "
+        f"llamaswap import-config {path} -o config.toml"
+    )
+    assert capsys.readouterr().err.splitlines() == [hint, "1 problem found"]
+
+
+def test_the_check_config_command_on_a_yaml_file(tmp_path: Path) -> None:
+    done = run("check-config", str(FIXTURE), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"{FIXTURE}: this is YAML (llama-swap's format), not TOML; translate it with: "
+        f"llamaswap import-config {FIXTURE} -o config.toml",
+        "1 problem found",
+    ]
+
+
+def test_serving_a_yaml_file_points_to_the_converter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("healthCheckTimeout: 60\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        main(["--config", str(path)])
+    assert exited.value.code == 2
+    assert f"llamaswap import-config {path} -o config.toml" in capsys.readouterr().err
+
+
+def test_a_toml_syntax_error_is_still_reported_as_one() -> None:
+    with pytest.raises(ConfigError) as raised:
+        loads_config("a = = 1\n", file="config.toml")
+    assert raised.value.problems[0].message.startswith("invalid TOML: ")
