@@ -31,6 +31,7 @@ __all__ = [
     "MESSAGES_PATH",
     "MessageStream",
     "Translation",
+    "chat_body",
     "chat_request",
     "error_event",
     "estimate_tokens",
@@ -70,10 +71,25 @@ class Translation:
 
     model: str  # the name the client asked for, echoed in the answer
     stop_sequences: tuple[str, ...] = ()
-    stream: bool = False
 
 
 # --- the request --------------------------------------------------------------------------
+
+
+def chat_body(body: dict[str, Any]) -> tuple[bytes, dict[str, Any], Translation]:
+    """:func:`chat_request`, and the request as JSON bytes.
+
+    Raises:
+        BadRequest: as :func:`chat_request`, or ``body`` nests too deeply to write out again.
+    """
+    try:
+        chat, translation = chat_request(body)
+        return json.dumps(chat, separators=(",", ":")).encode(), chat, translation
+    except RecursionError as exc:  # read at the edge of the limit, deeper once converted
+        raise BadRequest(_TOO_DEEP) from exc
+
+
+_TOO_DEEP = "the request body nests arrays and objects too deeply to translate"
 
 
 def chat_request(body: dict[str, Any]) -> tuple[dict[str, Any], Translation]:
@@ -108,12 +124,11 @@ def chat_request(body: dict[str, Any]) -> tuple[dict[str, Any], Translation]:
         request["tools"] = [_tool(tool, f"tools.{i}") for i, tool in enumerate(tools)]
     if body.get("tool_choice") is not None:
         request.update(_tool_choice(body["tool_choice"]))
-    stream = body.get("stream") is True
-    if stream:
+    if body.get("stream") is True:
         request["stream"] = True
         request["stream_options"] = {"include_usage": True}
     model = body.get("model")
-    return request, Translation(model if isinstance(model, str) else "", tuple(stops), stream)
+    return request, Translation(model if isinstance(model, str) else "", tuple(stops))
 
 
 def _text(content: object, where: str) -> str:
@@ -225,25 +240,29 @@ def _tool_choice(choice: object) -> dict[str, Any]:
 
 def estimate_tokens(body: dict[str, Any]) -> int:
     """``count_tokens``'s answer: every string in the request's ``system``, ``messages`` and
-    ``tools`` at :data:`CHARS_PER_TOKEN` characters a token, rounded up. A guide, not a
-    tokenizer: the model's own may count a third more or less.
+    ``tools`` (not images) at :data:`CHARS_PER_TOKEN` characters a token, rounded up. A
+    guide, not a tokenizer: the model's own may count a third more or less.
 
     Raises:
-        BadRequest: ``body`` is not a Messages request (as :func:`chat_request`).
+        BadRequest: ``body`` is not a Messages request (as :func:`chat_body`).
     """
-    chat_request(body)  # the same checks as a request to answer
+    chat_body(body)  # the same checks as a request to answer
     counted = [body.get(name) for name in ("system", "messages", "tools")]
-    return math.ceil(sum(len(text) for text in _strings(counted)) / CHARS_PER_TOKEN)
+    try:
+        return math.ceil(_characters(counted) / CHARS_PER_TOKEN)
+    except RecursionError as exc:
+        raise BadRequest(_TOO_DEEP) from exc
 
 
-def _strings(value: object) -> list[str]:
+def _characters(value: object) -> int:
+    """The length of every string in ``value``, but an image's or document's ``source``."""
     if isinstance(value, str):
-        return [value]
+        return len(value)
     if isinstance(value, dict):
-        return [s for item in value.values() for s in _strings(item)]
+        return sum(_characters(item) for key, item in value.items() if key != "source")
     if isinstance(value, list):
-        return [s for item in value for s in _strings(item)]
-    return []
+        return sum(_characters(item) for item in value)
+    return 0
 
 
 # --- the answer ---------------------------------------------------------------------------

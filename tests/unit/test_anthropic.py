@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from llamaswap.errors import BadRequest, ConfigError
 from llamaswap.proxy.anthropic import (
     MessageStream,
     Translation,
+    chat_body,
     chat_request,
     error_event,
     estimate_tokens,
@@ -73,7 +75,7 @@ def test_a_request_becomes_a_chat_completion() -> None:
             },
         ],
     }
-    assert translation == Translation("claude-ish", ("END",), stream=False)
+    assert translation == Translation("claude-ish", ("END",))
 
 
 def test_tool_use_and_results_become_tool_calls_and_tool_messages() -> None:
@@ -159,7 +161,7 @@ def test_tool_use_and_results_become_tool_calls_and_tool_messages() -> None:
     assert chat["parallel_tool_calls"] is False
     assert chat["stream"] is True
     assert chat["stream_options"] == {"include_usage": True}  # usage for message_delta
-    assert translation.stream
+    assert translation == Translation("m")
 
 
 @pytest.mark.parametrize(
@@ -324,7 +326,7 @@ TEXT_STREAM = sse(
 
 
 def test_a_text_stream_is_told_as_message_events() -> None:
-    out = translate(TEXT_STREAM, Translation("claude-ish", stream=True))
+    out = translate(TEXT_STREAM, Translation("claude-ish"))
     assert [(name, data.get("index")) for name, data in events(out)] == [
         ("message_start", None),
         ("content_block_start", 0),
@@ -372,7 +374,7 @@ def test_a_tool_call_stream_becomes_tool_use_blocks() -> None:
         USAGE,
         "[DONE]",
     )
-    out = translate(upstream, Translation("m", stream=True))
+    out = translate(upstream, Translation("m"))
     kinds = [
         (
             name,
@@ -430,15 +432,29 @@ def test_an_empty_stream_still_makes_a_whole_message() -> None:
 
 
 def test_count_tokens_estimate() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}
     body = {
         "model": "m",
         "system": "x" * 10,
-        "messages": [{"role": "user", "content": "y" * 13}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "y" * 13}, image]}],
     }
-    # 10 + 13 characters of text, and "user": 27 characters at 4 a token.
-    assert estimate_tokens(body) == 7
+    # 10 + 13 characters of text, "user", "text" and "image" (not the image's source): 36
+    # characters at 4 a token.
+    assert estimate_tokens(body) == 9
     with pytest.raises(BadRequest):
         estimate_tokens({"model": "m"})
+
+
+def test_a_body_too_deep_to_translate_is_a_bad_request() -> None:
+    deep: object = {}
+    for _ in range(sys.getrecursionlimit()):
+        deep = {"a": deep}
+    use = {"type": "tool_use", "id": "t", "name": "f", "input": deep}
+    body = {"model": "m", "messages": [{"role": "assistant", "content": [use]}]}
+    with pytest.raises(BadRequest, match="too deeply to translate"):
+        chat_body(body)
+    with pytest.raises(BadRequest, match="too deeply to translate"):
+        estimate_tokens(body)
 
 
 def test_the_anthropic_key() -> None:
