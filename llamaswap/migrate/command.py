@@ -70,8 +70,12 @@ def import_config(argv: Sequence[str]) -> int:
         reason = (exc.strerror or str(exc)).lower()
         print(f"{source}: cannot read the file: {reason}", file=sys.stderr)
         return 2
-    except (UnicodeDecodeError, YamlError) as exc:
-        print(f"{source}: {exc}", file=sys.stderr)
+    except UnicodeDecodeError as exc:
+        print(f"{source}: the file is not UTF-8 text (byte {exc.start})", file=sys.stderr)
+        return 2
+    except YamlError as exc:
+        where = f"{source}:{exc.line}:{exc.column}" if exc.line is not None else source
+        print(f"{where}: {exc}", file=sys.stderr)
         return 2
     for remark in result.remarks:
         print(f"{source}: {remark.render()}", file=sys.stderr)

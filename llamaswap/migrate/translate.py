@@ -34,6 +34,7 @@ import attrs
 import tomlkit
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
+from ruamel.yaml.scalarbool import ScalarBoolean
 from tomlkit.container import Container
 from tomlkit.items import Array, Comment, Item, String, StringType, Table, Trivia
 
@@ -69,7 +70,17 @@ _REASONS = {
 
 
 class YamlError(ValueError):
-    """The input is not YAML llamaswap can translate (a syntax error, or not a mapping)."""
+    """The input is not YAML llamaswap can translate (a syntax error, or not a mapping).
+
+    Attributes:
+        line: the 1-based line of a syntax error, else ``None``.
+        column: the 1-based column of a syntax error, else ``None``.
+    """
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        self.line = line
+        self.column = column
+        super().__init__(message)
 
 
 @attrs.frozen
@@ -110,7 +121,10 @@ def import_yaml(text: str) -> ImportResult:
     try:
         root = YAML(typ="rt").load(text)
     except YAMLError as exc:
-        raise YamlError(f"invalid YAML: {exc}") from None
+        problem = getattr(exc, "problem", None) or str(exc)
+        mark = getattr(exc, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+        raise YamlError(f"invalid YAML: {problem}", line, column) from None
     if root is None:
         root = {}
     if not isinstance(root, Mapping):
@@ -124,7 +138,7 @@ class _Value:
 
     key: str
     item: Item
-    path: Path | None  # where comments come from; None: made by the translator
+    path: Path  # where its comments come from
     above: tuple[str, ...] = ()  # comment lines to write above it, after the YAML's own
 
 
@@ -330,11 +344,11 @@ class _Translator:
         for line in lines:
             table.add(Comment(Trivia(comment=line)) if line else tomlkit.nl())
 
-    def _leading(self, path: Path | None) -> tuple[str, ...]:
-        return () if path is None else self.comments.leading.get(self.origin(path), ())
+    def _leading(self, path: Path) -> tuple[str, ...]:
+        return self.comments.leading.get(self.origin(path), ())
 
-    def _trailing(self, path: Path | None) -> str:
-        return "" if path is None else self.comments.trailing.get(self.origin(path), "")
+    def _trailing(self, path: Path) -> str:
+        return self.comments.trailing.get(self.origin(path), "")
 
     # -- values --------------------------------------------------------------------------
 
@@ -344,7 +358,7 @@ class _Translator:
         if value is None:
             self.skip(path, "TOML has no null; leave the key out for its default")
             return None
-        if isinstance(value, bool):
+        if isinstance(value, (bool, ScalarBoolean)):  # ScalarBoolean: an anchored one
             return tomlkit.item(bool(value))
         if isinstance(value, int):
             return tomlkit.integer(int(value))

@@ -271,12 +271,38 @@ def test_a_multi_line_string_that_a_literal_cannot_hold_is_escaped() -> None:
 
 
 @pytest.mark.parametrize(
-    ("yaml", "message"),
-    [("models: [a", "invalid YAML"), ("- a\n- b\n", "expected a mapping")],
+    ("yaml", "message", "line"),
+    [
+        ("models:\n  a: [1\n", "invalid YAML: expected ',' or ']', but got '<stream end>'", 3),
+        ("a: 1\na: 2\n", 'invalid YAML: found duplicate key "a"', 2),
+        ("- a\n- b\n", "expected a mapping", None),
+    ],
 )
-def test_yaml_that_cannot_be_translated(yaml: str, message: str) -> None:
-    with pytest.raises(YamlError, match=message):
+def test_yaml_that_cannot_be_translated(yaml: str, message: str, line: int | None) -> None:
+    with pytest.raises(YamlError) as raised:
         import_yaml(yaml)
+    assert str(raised.value).startswith(message)
+    assert raised.value.line == line
+
+
+def test_anchors_and_merge_keys_are_expanded_where_they_are_used() -> None:
+    result, config = translate(
+        """
+        shared: &shared
+          ttl: 300
+          unlisted: &hidden true
+        models:
+          a:
+            <<: *shared
+            cmd: a --port ${PORT}
+          b:
+            cmd: b --port ${PORT}
+            unlisted: *hidden
+        """
+    )
+    assert (config.models["a"].ttl, config.models["a"].unlisted) == (300, True)
+    assert config.models["b"].unlisted is True
+    assert remarks(result) == [("shared", True)]
 
 
 # -- the command ---------------------------------------------------------------------------
