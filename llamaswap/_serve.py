@@ -31,7 +31,7 @@ import hypercorn.trio
 import trio
 
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
-from llamaswap.errors import RequestError
+from llamaswap.errors import ListenError, RequestError, only_cause
 from llamaswap.observability import (
     ActivityLog,
     ActivityStore,
@@ -123,6 +123,7 @@ async def serve(
 
     Raises:
         ConfigError: ``store.path`` cannot be opened as the activity store.
+        ListenError: ``listen`` cannot be listened on (in use, not allowed).
     """
     activity = ActivityLog()
     store = writer = None
@@ -160,14 +161,20 @@ async def serve(
         await nursery.start(router.run)
         stop_accepting = trio.Event()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-            binds = await nursery.start(
-                partial(
-                    hypercorn.trio.serve,
-                    app,
-                    _hypercorn_config(listen, config),
-                    shutdown_trigger=stop_accepting.wait,
+            try:
+                binds = await nursery.start(
+                    partial(
+                        hypercorn.trio.serve,
+                        app,
+                        _hypercorn_config(listen, config),
+                        shutdown_trigger=stop_accepting.wait,
+                    )
                 )
-            )
+            except BaseException as exc:  # hypercorn's nurseries wrap the bind's OSError
+                cause = only_cause(exc)
+                if isinstance(cause, OSError):
+                    raise ListenError(listen, cause) from exc
+                raise
             url = binds[0]
             if watch_config and app.reloader is not None:
                 await nursery.start(app.reloader.watch)

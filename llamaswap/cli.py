@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -13,27 +15,51 @@ import trio
 from llamaswap._serve import serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
-from llamaswap.errors import ConfigError, LlamaSwapError
+from llamaswap.config.paths import format_path
+from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
 from llamaswap.observability.logs import configure_console
 from llamaswap.router.swappers import make_swapper
 
-__all__ = ["check_config", "main"]
+__all__ = ["check_config", "main", "missing_programs"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
 
 def check_config(path: str) -> int:
-    """Print every problem in the config at ``path``; 0 when valid, 2 when not."""
+    """Print every problem in the config at ``path``; 0 when valid, 2 when not.
+
+    A program that a command names but this machine lacks is a warning, not a problem: the
+    config may be checked on one machine and served on another.
+    """
     try:
-        load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem.render(exc.file), file=sys.stderr)
         count = len(exc.problems)
         print(f"{count} problem{'s' if count != 1 else ''} found", file=sys.stderr)
         return 2
+    for warning in missing_programs(config):
+        print(f"{path}: warning: {warning}", file=sys.stderr)
     print(f"{path}: ok")
     return 0
+
+
+def missing_programs(config: Config) -> list[str]:
+    """``models.ID.cmd: program 'x' not found on PATH`` for each command whose program is
+    not here (looked up on the model's own ``env`` PATH if it sets one)."""
+    found = []
+    for model_id, model in config.models.items():
+        search = model.env.get("PATH", os.environ.get("PATH", os.defpath))
+        for key, command in (("cmd", model.cmd), ("cmdStop", model.cmd_stop)):
+            if command is None or shutil.which(command[0], path=search) is not None:
+                continue
+            where = "" if os.sep in command[0] else " on PATH"
+            found.append(
+                f"{format_path(('models', model_id, key))}: program {command[0]!r} not found"
+                f"{where} (it may exist where llamaswap will run)"
+            )
+    return found
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,20 +125,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BaseException as exc:
         # The one boundary where a failure to start (an unusable store.path, no lifeline)
         # leaves its ExceptionGroups: say it plainly, as an invalid config is said.
-        error = _our_error(exc)
-        if error is None:
+        error = only_cause(exc)
+        if not isinstance(error, LlamaSwapError):
             raise
         print(f"llamaswap: {error}", file=sys.stderr)
         sys.exit(2)
-
-
-def _our_error(exc: BaseException) -> LlamaSwapError | None:
-    """The LlamaSwapError that ``exc`` is, or is the only leaf of (through groups)."""
-    inner: Sequence[BaseException] = getattr(exc, "exceptions", ())  # an (exception) group
-    while len(inner) == 1:
-        exc = inner[0]
-        inner = getattr(exc, "exceptions", ())
-    return exc if isinstance(exc, LlamaSwapError) else None
 
 
 async def _run(config: Config, options: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@
     LlamaSwapError
     ├── ConfigError                 the configuration file is invalid (every problem at once)
     ├── LifelineError               the lifeline guard could not be started or reached
+    ├── ListenError                 the address to serve on cannot be listened on
     └── RequestError                answered to an HTTP client (status and body: proxy/errors.py)
         ├── BadRequest              400  body is not JSON, or names no model
         ├── Unauthorized            401  missing or wrong API key
@@ -29,6 +30,7 @@ reports it as a start failure that names llamaswap, never the model's ``cmd``.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 import attrs
@@ -41,6 +43,7 @@ __all__ = [
     "ConfigProblem",
     "InternalError",
     "LifelineError",
+    "ListenError",
     "LlamaSwapError",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -53,6 +56,7 @@ __all__ = [
     "ShuttingDown",
     "Unauthorized",
     "UpstreamError",
+    "only_cause",
 ]
 
 
@@ -103,6 +107,28 @@ class LifelineError(LlamaSwapError):
     def __init__(self, detail: str) -> None:
         self.detail = detail
         super().__init__(f"llamaswap's lifeline guard failed: {detail}")
+
+
+class ListenError(LlamaSwapError):
+    """llamaswap cannot listen on ``listen`` (``HOST:PORT``): in use, not allowed, no such
+    address."""
+
+    def __init__(self, listen: str, error: OSError) -> None:
+        self.listen = listen
+        reason = (error.strerror or str(error)).lower()
+        hint = "choose another address with --listen HOST:PORT"
+        if error.errno == errno.EADDRINUSE:
+            hint = f"another program (or another llamaswap) uses it; {hint}"
+        super().__init__(f"cannot listen on {listen}: {reason}; {hint}")
+
+
+def only_cause(exc: BaseException) -> BaseException:
+    """The one exception that ``exc`` is, or is the only leaf of (through exception groups)."""
+    inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+    while len(inner) == 1:
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", ())
+    return exc
 
 
 class RequestError(LlamaSwapError):

@@ -32,7 +32,6 @@ from llamaswap.config.macros import port_free
 from llamaswap.errors import ConfigError
 from llamaswap.router import Router
 from llamaswap.router.reload import ConfigChanges
-from llamaswap.router.swappers import make_swapper
 
 __all__ = ["ReloadResult", "Reloader"]
 
@@ -95,12 +94,9 @@ class Reloader:
                 config = await trio.to_thread.run_sync(
                     partial(load_config, self.path, free=lambda h, p: p in ours or port_free(h, p))
                 )
-                make_swapper(config)  # e.g. `use = "matrix"`, not served yet
             except ConfigError as exc:
                 problems = tuple(problem.render(exc.file) for problem in exc.problems)
                 result = ReloadResult(False, trigger, problems=problems)
-            except NotImplementedError as exc:
-                result = ReloadResult(False, trigger, problems=(f"{self.path}: {exc}",))
             else:
                 with trio.CancelScope(shield=True):
                     changes = await self._router.reconfigure(config)

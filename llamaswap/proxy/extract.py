@@ -59,7 +59,8 @@ def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
     """The model named by the request.
 
     Raises:
-        BadRequest: the body is not JSON (or not a form), or names no model.
+        BadRequest: the body is not JSON (or not a form), names no model, or its ``model``
+            is not a string.
     """
     if where is ModelIn.QUERY:
         model = dict(parse_qsl(query.decode("latin-1"))).get("model")
@@ -67,9 +68,22 @@ def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
         model = payload.json().get("model")
     else:
         model = _form_fields(payload.raw, payload.content_type).get("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and not isinstance(model, str):
+        kind = _JSON_KINDS.get(type(model), type(model).__name__)
+        raise BadRequest(f"'model' must be a string (a model's name), got {kind}", param="model")
+    if not model:
         raise BadRequest("the request names no model: set the 'model' field", param="model")
     return model
+
+
+#: JSON's names for the types ``json.loads`` gives.
+_JSON_KINDS = {
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    list: "an array",
+    dict: "an object",
+}
 
 
 def rewrite_body(

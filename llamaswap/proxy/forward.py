@@ -38,6 +38,7 @@ from llamaswap.config.model import Config, Timeouts
 from llamaswap.errors import (
     BodyTooLarge,
     MethodNotAllowed,
+    ModelStartFailed,
     RequestError,
     Unauthorized,
     UpstreamError,
@@ -302,7 +303,8 @@ class Forwarder:
                 await self._handle(route, scope, body, reply, exchange)
             except RequestError as exc:
                 exchange.error = str(exc)
-                logger.info("%s %s: %s", scope["method"], scope["path"], exc)
+                if not isinstance(exc, ModelStartFailed):  # logged once, by its supervisor
+                    logger.info("%s %s: %s", scope["method"], scope["path"], exc)
                 messages = scope["path"] == anthropic.MESSAGES_PATH
                 await self._report(reply, exc, close=not body.complete, messages=messages)
             finally:

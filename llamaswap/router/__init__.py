@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from .router import Router as Router
 from .swappers.group import GroupSwapper as GroupSwapper
+from .swappers.matrix import MatrixSwapper as MatrixSwapper
 
-__all__ = ["GroupSwapper", "Router"]
+__all__ = ["GroupSwapper", "MatrixSwapper", "Router"]

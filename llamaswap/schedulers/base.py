@@ -93,10 +93,18 @@ class Swap:
 
 
 class Swapper(Protocol):
-    """The eviction policy: a pure function of the target and the running set."""
+    """The eviction policy: a pure function of the target, the running set and which
+    running models are busy."""
 
-    def eviction_for(self, target: str, running: Set[str]) -> frozenset[str]:
-        """The models in ``running`` that must stop before ``target`` can run."""
+    def eviction_for(
+        self, target: str, running: Set[str], busy: Set[str] = frozenset()
+    ) -> frozenset[str]:
+        """The models in ``running`` that must stop before ``target`` can run.
+
+        ``busy`` are the running models with requests in flight: they are never evicted
+        before they drain, so a policy with a choice should prefer not to need them
+        stopped (``matrix`` does; ``group`` has no choice to make and ignores it).
+        """
 
 
 class World(Protocol):

@@ -162,9 +162,10 @@ class Ledger:
         return running
 
     def evictions(self, target: str, running: set[str] | None = None) -> frozenset[str]:
-        """What the swapper would stop for ``target`` to run now."""
+        """What the swapper would stop for ``target`` to run now (told which are busy)."""
         others = (self.running() if running is None else running) - {target}
-        return self.swapper.eviction_for(target, others)
+        busy = frozenset(model for model in others if self.busy(model))
+        return self.swapper.eviction_for(target, others, busy)
 
     def plan(self, target: str) -> Plan:
         evict = self.evictions(target)

@@ -116,14 +116,3 @@ async def test_quickstart_serves_two_models_with_a_swap(proxy_factory: StartProx
             running = {e["model"] for e in (await client.get("/running")).json()["running"]}
             assert running == {"coder", "embed"}  # chat swapped out, embed persists
     await proxy.output.wait_for(r"model 'chat': stopping \(evicted for 'coder'\)")
-
-
-def test_matrix_router_is_refused_until_it_exists(tmp_path: Path) -> None:
-    path = tmp_path / "matrix.toml"
-    path.write_text(
-        "[models.a]\ncmd = 'server --port ${PORT}'\n[routing.router]\nuse = 'matrix'\n"
-        "[routing.router.settings.matrix]\nvars = {a = 'a'}\nsets = {only = 'a'}\n"
-    )
-    result = llamaswap("--config", str(path))
-    assert result.returncode == 2
-    assert "routing.router.use = 'matrix' is not implemented yet" in result.stderr

@@ -11,6 +11,7 @@ import trio.testing
 from llamaswap.config.model import (
     Config,
     GroupConfig,
+    MatrixConfig,
     ModelConfig,
     RouterSection,
     RouterSettings,
@@ -211,3 +212,40 @@ async def test_switching_scheduler_requeues_waiting_requests_in_arrival_order(
         await all_served.wait()
     assert order == ["b", "c", "b"]
     assert router.requests() == []
+
+
+async def test_switching_between_group_and_matrix_rebuilds_the_swapper(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    models = {"a": model(1), "b": model(2), "c": model(3)}
+    exclusive = Config(models=models)  # group: one at a time
+    pairs = Config(
+        models=models,
+        routing=Routing(
+            router=RouterSection(
+                use="matrix",
+                settings=RouterSettings(
+                    matrix=MatrixConfig(
+                        vars={"a": "a", "b": "b", "c": "c"}, sets={"pair": "a & b", "solo": "c"}
+                    )
+                ),
+            )
+        ),
+    )
+    router = await start(nursery, spawner, recorder, exclusive)
+    async with lease(router, "a"):
+        pass
+    await router.reconfigure(pairs)
+    async with lease(router, "b"):  # beside a
+        assert router.running_models() == {"a", "b"}
+    async with lease(router, "c"):  # alone
+        assert router.running_models() == {"c"}
+    async with lease(router, "a"):
+        pass
+    await router.reconfigure(exclusive)
+    async with lease(router, "b"):  # groups again: a stops
+        assert router.running_models() == {"b"}
+    assert recorder.states("a") == [S.STARTING, S.READY, S.STOPPING, S.STOPPED] * 2

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from llamaswap.config.model import GroupConfig
+from llamaswap.config.model import GroupConfig, MatrixConfig
 from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, ShuttingDown
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
+from llamaswap.router.swappers.matrix import MatrixSwapper
 from llamaswap.schedulers.base import TicketState
 from llamaswap.schedulers.fifo import FifoScheduler
 from tests.fakes import Driven, FakeWorld, ticket
@@ -292,3 +293,38 @@ def test_statistics_by_band() -> None:
         "batch",
         "below_batch",
     }
+
+
+# b and c run together; a runs beside one of them; evicting c costs more.
+B_C_OR_A_WITH_ONE = MatrixConfig(
+    vars={"a": "a", "b": "b", "c": "c"},
+    evict_costs={"c": 5},
+    sets={"pair": "b & c", "with_b": "a & b", "with_c": "a & c"},
+)
+
+
+def test_matrix_keeps_a_busy_model_when_another_set_fits() -> None:
+    fx = FakeWorld()
+    fx.states.update(b=READY, c=READY)
+    s = Driven(FifoScheduler(fx, MatrixSwapper(B_C_OR_A_WITH_ONE), limits={}), fx)
+    s.on_request(serving := ticket("b", 1))
+    s.on_request(loading := ticket("a", 2))
+    # Evicting b would be cheaper, but b is serving: a loads at once beside it instead.
+    assert fx.last_swap().evict == {"c"}
+    assert loading.state is TicketState.LOADING
+    assert fx.granted == [serving]
+
+
+def test_matrix_waits_when_every_set_evicts_a_busy_model_then_picks_again() -> None:
+    fx = FakeWorld()
+    fx.states.update(b=READY, c=READY)
+    s = Driven(FifoScheduler(fx, MatrixSwapper(B_C_OR_A_WITH_ONE), limits={}), fx)
+    s.on_request(on_b := ticket("b", 1))
+    s.on_request(on_c := ticket("c", 2))
+    s.on_request(waiting := ticket("a", 3))
+    assert fx.swaps == []
+    assert waiting.state is TicketState.QUEUED
+    s.on_finish(on_c)  # c drained: evicting it is dearer than b, but needs no wait
+    assert fx.last_swap().evict == {"c"}
+    fx.complete(s, fx.last_swap())
+    assert fx.granted == [on_b, on_c, waiting]

@@ -6,20 +6,16 @@ from llamaswap.config.model import Config
 from llamaswap.schedulers.base import Swapper
 
 from .group import GroupSwapper
+from .matrix import MatrixSwapper
 
-__all__ = ["GroupSwapper", "make_swapper"]
+__all__ = ["GroupSwapper", "MatrixSwapper", "make_swapper"]
 
 
 def make_swapper(config: Config) -> Swapper:
-    """The swapper named by ``routing.router.use``.
-
-    Raises:
-        NotImplementedError: ``use = "matrix"``, which this version cannot serve yet.
-    """
+    """The swapper named by ``routing.router.use`` (the config is validated)."""
     router = config.routing.router
     if router.use == "matrix":
-        raise NotImplementedError(
-            "routing.router.use = 'matrix' is not implemented yet; use 'group' "
-            "(see docs/configuration.md)"
-        )
+        matrix = router.settings.matrix
+        assert matrix is not None, "validation requires the matrix table for use = 'matrix'"
+        return MatrixSwapper(matrix)
     return GroupSwapper(router.settings.groups)

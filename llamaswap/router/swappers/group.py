@@ -7,7 +7,8 @@ and is exclusive, so with no groups at all exactly one model runs at a time.
 * ``exclusive = true``: loading a member stops the models of every other group...
 * ...except ``persistent`` groups, which no other group can stop.
 
-A pure function of (target, running): no state, no logging.
+A pure function of (target, running): no state, no logging. Busy models change nothing:
+the rules leave no choice of what to evict.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class GroupSwapper:
     def _config(self, name: str) -> GroupConfig:
         return self._groups.get(name, _IMPLICIT)
 
-    def eviction_for(self, target: str, running: Set[str]) -> frozenset[str]:
+    def eviction_for(
+        self, target: str, running: Set[str], busy: Set[str] = frozenset()
+    ) -> frozenset[str]:
         home = self.group_of(target)
         config = self._config(home)
         evict = set()
