@@ -24,6 +24,7 @@ from hypercorn.typing import (
 from ._content import (
     BadRequest,
     Completion,
+    called_tool,
     dumps,
     embedding,
     error,
@@ -260,6 +261,9 @@ class FakeServer:
             stream_options.get("include_usage")
         )
         name = self.options.model_name
+        tool = called_tool(body) if kind == "chat" else None
+        if tool is not None:
+            finish_reason = "tool_calls"
         return Completion(
             kind=kind,
             id=f"{prefix}-fake-{next(self._ids)}",
@@ -271,6 +275,7 @@ class FakeServer:
             finish_reason=finish_reason,
             stream=body.get("stream") is True,
             include_usage=include_usage,
+            tool=tool,
         )
 
     async def _watch_disconnect(

@@ -97,6 +97,19 @@ def prompt_texts(prompt: object) -> list[str]:
     raise BadRequest(f"expected a string or a list for the prompt, got {prompt!r}")
 
 
+def called_tool(body: dict[str, Any]) -> str | None:
+    """The function a chat request makes the model call: with ``tools``, ``tool_choice``
+    ``"required"`` calls the first one and a named function that one; otherwise none."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not isinstance(tools, list) or not tools:
+        return None
+    if choice == "required":
+        choice = tools[0]
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def token_limit(body: dict[str, Any], default: int) -> tuple[int, bool]:
     """The response length and whether the request set it (then ``finish_reason`` is length)."""
     for key in ("max_completion_tokens", "max_tokens"):
@@ -124,6 +137,8 @@ class Completion:
     finish_reason: str
     stream: bool
     include_usage: bool
+    #: Chat only: the function the answer calls, its arguments ``{"text": <the words>}``.
+    tool: str | None = None
 
     def pieces(self) -> Iterator[str]:
         """The tokens, generated lazily: a huge max_tokens must not stall the event loop."""
@@ -157,7 +172,10 @@ class Completion:
                 "usage": {"input_tokens": self.prompt_tokens, "output_tokens": self.tokens},
             }
         choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
-        if self.kind == "chat":
+        if self.kind == "chat" and self.tool is not None:
+            call = self._call(dumps({"text": text}).decode())
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        elif self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice.update(text=text, logprobs=None)
@@ -183,9 +201,19 @@ class Completion:
             "stop_sequence": None,
         }
 
+    def _call(self, arguments: str) -> dict[str, Any]:
+        """The tool call, or (streaming) its first piece."""
+        function = {"name": self.tool, "arguments": arguments}
+        return {"id": f"call-{self.id}", "type": "function", "function": function}
+
     def head(self) -> bytes:
         """The events before the first token: Messages' ``message_start`` and the text
-        block's ``content_block_start`` (nothing for OpenAI's shapes)."""
+        block's ``content_block_start``; a tool call's start (its id, name and the
+        arguments' opening); nothing for other OpenAI shapes."""
+        if self.tool is not None:
+            delta = {"role": "assistant", "tool_calls": [{"index": 0, **self._call('{"text":"')}]}
+            choice = {"index": 0, "delta": delta, "finish_reason": None}
+            return b"data: " + dumps(self._envelope([choice], chunk=True)) + b"\n\n"
         if self.kind != "messages":
             return b""
         usage = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
@@ -227,7 +255,11 @@ class Completion:
     def _choice(self, index: int, piece: str | None) -> dict[str, Any]:
         """Token ``index``'s choice; ``piece=None``: the closing ``finish_reason`` one."""
         choice: dict[str, Any] = {"index": 0}
-        if self.kind == "chat":
+        if self.kind == "chat" and self.tool is not None:
+            # The arguments' next words, JSON-escaped; the closing piece ends the object.
+            arguments = '"}' if piece is None else json.dumps(piece)[1:-1]
+            choice["delta"] = {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
+        elif self.kind == "chat":
             delta: dict[str, str] = {} if piece is None else {"content": piece}
             if index == 0 and piece is not None:
                 delta = {"role": "assistant", **delta}

@@ -5,11 +5,19 @@ own ``/v1/messages`` (``anthropic = "native"``) and its chat completions
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anthropic
 import pytest
 import trio
-from anthropic.types import DocumentBlockParam, MessageParam, PlainTextSourceParam
+from anthropic.types import (
+    DocumentBlockParam,
+    MessageParam,
+    PlainTextSourceParam,
+    ToolChoiceToolParam,
+    ToolParam,
+    ToolResultBlockParam,
+)
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import ProxyProcess, open_raw_request
@@ -82,6 +90,67 @@ async def test_the_sdk_plain_and_streaming(proxy_factory: StartProxy, model: str
         ("/v1/messages", 6),
         ("/v1/messages", 6),
     ]
+
+
+WEATHER: ToolParam = {
+    "name": "get_weather",
+    "description": "the weather in a city",
+    "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
+
+
+async def test_tool_use_under_translate(proxy_factory: StartProxy) -> None:
+    # The fake server calls the tool it is made to, with {"text": <its words>}.
+    proxy = await proxy_factory(MODELS)
+    choice: ToolChoiceToolParam = {"type": "tool", "name": "get_weather"}
+    ask: dict[str, Any] = {
+        "model": "translated",
+        "max_tokens": 4,
+        "system": "Use the tool.",
+        "tools": [WEATHER],
+        "tool_choice": choice,
+    }
+    with trio.fail_after(30):
+        async with sdk(proxy) as client:
+            message = await client.messages.create(messages=ASK, **ask)
+            assert message.stop_reason == "tool_use"
+            [call] = message.content
+            assert call.type == "tool_use"
+            assert call.name == "get_weather"
+            assert list(call.input) == ["text"]
+            assert len(call.input["text"].split()) == 4
+
+            # Streamed, the arguments arrive as input_json_delta pieces and add up.
+            pieces: list[str] = []
+            async with client.messages.stream(messages=ASK, **ask) as stream:
+                async for event in stream:
+                    if event.type == "content_block_delta":
+                        assert event.delta.type == "input_json_delta"
+                        pieces.append(event.delta.partial_json)
+                streamed = await stream.get_final_message()
+            assert len(pieces) == 6  # the object's opening, a word each, its closing
+            assert streamed.stop_reason == "tool_use"
+            [streamed_call] = streamed.content
+            assert streamed_call.type == "tool_use"
+            assert (streamed_call.name, streamed_call.input) == (call.name, call.input)
+
+            # The tool's result goes back as a "tool" message; the model answers in text.
+            result: ToolResultBlockParam = {
+                "type": "tool_result",
+                "tool_use_id": call.id,
+                "content": "sunny",
+            }
+            turns: list[MessageParam] = [
+                *ASK,
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [result]},
+            ]
+            answer = await client.messages.create(
+                model="translated", max_tokens=3, tools=[WEATHER], messages=turns
+            )
+            assert answer.stop_reason == "max_tokens"
+            assert [block.type for block in answer.content] == ["text"]
+    await proxy.output.wait_for(r"\[translated\] fake_server: request POST /v1/chat/completions")
 
 
 async def test_count_tokens_under_translate(proxy_factory: StartProxy) -> None:
