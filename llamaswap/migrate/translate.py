@@ -568,6 +568,17 @@ def _strip_params(t: _Translator, key: str, value: object, path: Path) -> Iterat
         yield from t.copy("stripParams", value, path, None)
 
 
+@_hook(schema.PeerConfig, "filters")
+def _peer_filters(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    if isinstance(value, Mapping) and "setParamsByID" in value:
+        t.skip(
+            (*path, "setParamsByID"),
+            "llamaswap takes setParamsByID on models only; use setParams",
+        )
+        value = {name: item for name, item in value.items() if name != "setParamsByID"}
+    yield from t.copy(key, value, path, _fields(schema.PeerConfig)["filters"])
+
+
 @_hook(schema.RouterSettings, "matrix")
 def _matrix(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
     return t.matrix(value, path)

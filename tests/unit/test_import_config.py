@@ -257,6 +257,28 @@ def test_model_values(yaml: str, key: str, expected: object) -> None:
     assert model.get(key) == expected
 
 
+def test_a_peers_set_params_by_id_is_listed_not_written() -> None:
+    result, config = translate(
+        """
+        peers:
+          remote:
+            proxy: http://remote:8080
+            models: [big]
+            filters:
+              setParams: {top_k: 40}
+              setParamsByID:
+                "remote/big": {temperature: 0.2}
+        """
+    )
+    assert config.peers["remote"].filters.set_params == {"top_k": 40}
+    assert result.remarks == (
+        Remark(
+            "peers.remote.filters.setParamsByID",
+            "llamaswap takes setParamsByID on models only; use setParams",
+        ),
+    )
+
+
 def test_an_env_variable_set_twice_keeps_the_last_value() -> None:
     result = import_yaml("models:\n  m:\n    env: [A=1, B=2, A=3]\n")
     assert tomli.loads(result.toml)["models"]["m"]["env"] == {"B": "2", "A": "3"}
