@@ -53,12 +53,11 @@ def test_a_model_in_no_set_runs_alone() -> None:
     assert PAIR_AND_SOLO.eviction_for("a", {"b", "d"}) == {"d"}
 
 
-def test_a_model_in_no_var_runs_alone_and_costs_1() -> None:
-    swapper = matrix({"x": "a & b", "y": "a & c"}, b=2)
+def test_a_model_in_no_var_runs_alone_and_any_load_evicts_it() -> None:
+    swapper = matrix({"x": "a & b", "y": "a & c"}, c=2)
     assert swapper.eviction_for("outsider", {"a", "c"}) == {"a", "c"}
-    # Keeping b (cost 2) beats keeping c and the outsider (1 each, costs add up: 1 + 1 = 2,
-    # a tie, so the first set, x, wins).
-    assert swapper.eviction_for("a", {"b", "c", "outsider"}) == {"c", "outsider"}
+    # The outsider goes whichever set is chosen; the choice is made on the others (b, 1).
+    assert swapper.eviction_for("a", {"b", "c", "outsider"}) == {"b", "outsider"}
 
 
 def test_the_cheapest_set_wins() -> None:

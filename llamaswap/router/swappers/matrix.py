@@ -10,7 +10,7 @@ The rule. To load a target:
 
 * the candidates are the combinations that contain it, in definition order;
 * a candidate evicts the running models outside it; its cost is the sum of their
-  ``evict_costs`` (by var; a model with no cost of its own, or in no var, costs 1);
+  ``evict_costs`` (by var; 1 where none is given);
 * candidates that evict no *busy* model (one with requests in flight) win over those that
   do: a busy model cannot stop before it drains (SPEC §6), so a dearer set needing no wait
   beats a cheaper one that would hold the request up. Only when every candidate evicts a
