@@ -62,6 +62,7 @@ def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
         BadRequest: the body is not JSON (or not a form), names no model, or its ``model``
             is not a string.
     """
+    model: object  # a JSON body may hold anything there
     if where is ModelIn.QUERY:
         model = dict(parse_qsl(query.decode("latin-1"))).get("model")
     elif where is ModelIn.JSON:
