@@ -106,6 +106,7 @@ def import_config(argv: Sequence[str]) -> int:
         )
         return 2
     done = f"wrote {output}" if output else "translated"
-    left = f"{skipped} keys not translated (listed above)" if skipped else "every key translated"
+    keys = f"{skipped} key{'s' if skipped != 1 else ''}"
+    left = f"{keys} not translated (listed above)" if skipped else "every key translated"
     print(f"{source}: {done}; {left}", file=sys.stderr)
     return 0

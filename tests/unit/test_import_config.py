@@ -371,6 +371,25 @@ def test_the_command_writes_a_file_that_check_config_accepts(tmp_path: Path) -> 
     assert (tmp_path / "config.toml").read_text(encoding="utf-8") == written
 
 
+def test_the_command_says_when_every_key_was_translated(tmp_path: Path) -> None:
+    (tmp_path / "small.yaml").write_text(
+        "models:\n  a:\n    cmd: a --port ${PORT}\nperformance: {every: 5s}\n",
+        encoding="utf-8",
+    )
+    done = run("import-config", "small.yaml", cwd=tmp_path)
+    assert done.returncode == 0
+    assert (
+        done.stderr.splitlines()[-1]
+        == "small.yaml: translated; 1 key not translated (listed above)"
+    )
+    (tmp_path / "small.yaml").write_text(
+        "models:\n  a:\n    cmd: a --port ${PORT}\n", encoding="utf-8"
+    )
+    done = run("import-config", "small.yaml", cwd=tmp_path)
+    assert done.stderr == "small.yaml: translated; every key translated\n"
+    assert done.stdout == '[models.a]\ncmd = "a --port ${PORT}"\n'
+
+
 def test_the_command_fails_when_the_translation_is_not_a_valid_config(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(
         "models:\n  a:\n    cmd: a --port ${PORT}\ngroups:\n  g:\n    members: [a, nope]\n",
