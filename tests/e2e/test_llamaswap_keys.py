@@ -44,8 +44,10 @@ max_tokens = 2
             assert [entry["id"] for entry in models] == ["alpha"]
 
 
-async def test_peer_filters_apply_to_requests_for_the_peer(proxy_factory: StartProxy) -> None:
-    async with fake_server("--max-tokens", "9") as fake:
+async def test_peer_filters_and_timeouts_apply_to_requests_for_the_peer(
+    proxy_factory: StartProxy,
+) -> None:
+    async with fake_server("--max-tokens", "9", "--tokens-per-second", "100") as fake:
         url = f"http://127.0.0.1:{fake.port}"
         async with httpx.AsyncClient(timeout=10) as direct:
             with trio.fail_after(10):
@@ -61,6 +63,10 @@ filters = {{ stripParams = ["max_tokens"] }}
 proxy = "{url}"
 models = ["other"]
 filters = {{ setParams = {{ max_tokens = 4 }} }}
+[peers.impatient]
+proxy = "{url}"
+models = ["slow"]
+timeouts = {{ responseHeader = 0.1 }}
 """
             )
         )
@@ -74,6 +80,11 @@ filters = {{ setParams = {{ max_tokens = 4 }} }}
                     "/v1/chat/completions", json=chat("near/other", max_tokens=3)
                 )
                 assert response.json()["usage"]["completion_tokens"] == 4  # set
+                response = await client.post(
+                    "/v1/chat/completions", json=chat("impatient/slow", max_tokens=50)
+                )  # half a second of tokens before the answer's head
+                assert response.status_code == 502
+                assert "no response within 0.1 s" in response.json()["error"]["message"]
 
 
 async def test_response_header_timeout_gives_502(proxy_factory: StartProxy) -> None:
