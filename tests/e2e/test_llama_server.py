@@ -279,6 +279,9 @@ async def test_two_parallel_slots_generate_side_by_side(
                     await trio.sleep(0.02)  # polling HTTP, bounded by fail_after
     assert [reply.status_code for reply in replies] == [200, 200]
     assert [reply.json()["usage"]["completion_tokens"] for reply in replies] == [2000, 2000]
+    with trio.fail_after(10):  # a reply may overtake the server's log line about it
+        for slot in "01":
+            await proxy.output.wait_for(rf"\[tiny-a\].* release: id +{slot} ", start=mark)
     slot_events = [
         (event["what"], event["slot"])
         for line in proxy.output.lines[mark:]
