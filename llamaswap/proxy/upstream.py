@@ -67,6 +67,9 @@ __all__ = ["UpstreamFailed", "UpstreamPool", "UpstreamResponse"]
 #: Foreign errors that mean "the connection failed", translated to UpstreamFailed.
 _BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError)
 
+#: A request body up to this size goes out in the same write as the request's head.
+_ONE_WRITE = 64 * 1024
+
 #: RFC 9110 §9.2.2: sending these twice has the effect of sending them once.
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
@@ -164,12 +167,23 @@ class UpstreamResponse:
         return next((v.decode("latin-1") for k, v in self.headers if k == name), "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. Raises UpstreamFailed if it breaks off."""
+        """The body as it arrives, in one piece per read from the socket: when the server
+        writes faster than we relay (a fast stream of small events), what has piled up goes
+        on together, not one event at a time. Raises UpstreamFailed if it breaks off."""
+        connection = self._connection
+        arrived: list[bytes] = []
         try:
             while True:
-                event = await self._connection.next_event()
+                event = connection.h11.next_event()
                 if isinstance(event, h11.Data):
-                    yield bytes(event.data)
+                    arrived.append(event.data)
+                    continue
+                if arrived:
+                    yield b"".join(arrived)  # nothing is held back waiting for more
+                    arrived.clear()
+                if event is h11.NEED_DATA:
+                    data = await connection.stream.receive_some(65536)
+                    connection.h11.receive_data(bytes(data))
                 elif isinstance(event, h11.EndOfMessage):
                     return
                 else:  # ConnectionClosed before the end: h11 only says so for framed bodies
@@ -346,11 +360,16 @@ async def _exchange(
     failed: BaseException | None = None  # the write that failed
     try:
         try:
-            if isinstance(body, bytes):  # the whole request in one write
-                data = send(request) or b""
+            if isinstance(body, bytes):
+                pieces = _pieces(connection, request)
                 if body:
-                    data += send(h11.Data(data=body)) or b""
-                await connection.write(data + (send(h11.EndOfMessage()) or b""))
+                    pieces += _pieces(connection, h11.Data(data=body))
+                pieces += _pieces(connection, h11.EndOfMessage())
+                if len(body) <= _ONE_WRITE:  # the whole request in one write
+                    await connection.write(b"".join(pieces))
+                else:  # not copied: a long prompt can be megabytes
+                    for piece in filter(None, pieces):
+                        await connection.write(piece)
             else:
                 await connection.write(send(request) or b"")
                 if body is not None:
@@ -387,6 +406,11 @@ def _keep_alive(sock: trio.socket.SocketType, seconds: float) -> None:
     for option in ("TCP_KEEPIDLE", "TCP_KEEPINTVL"):  # Linux; macOS has TCP_KEEPALIVE only
         if hasattr(socket, option):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), whole)
+
+
+def _pieces(connection: _Connection, event: h11.Event) -> list[bytes]:
+    """What h11 would send for ``event``, with a Data event's bytes as they are (uncopied)."""
+    return connection.h11.send_with_data_passthrough(event) or []
 
 
 def _describe(exc: BaseException) -> str:

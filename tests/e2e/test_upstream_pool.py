@@ -137,6 +137,21 @@ async def test_a_connection_is_kept_alive_for_the_next_request(
     assert [dict(r.headers)[b"host"] for r in seen] == [f"127.0.0.1:{port}".encode()] * 3
 
 
+async def test_a_body_larger_than_one_write_arrives_whole(
+    nursery: trio.Nursery, pool: UpstreamPool
+) -> None:
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            await peer.respond(request[1])
+
+    server = await start_server(nursery, script)
+    body = bytes(range(256)) * 4096  # 1 MiB: its own writes, after the head's
+    with trio.fail_after(10):
+        assert await get(pool, server.url, "/", body) == body
+        assert await get(pool, server.url, "/", b"small") == b"small"
+    assert server.connections == 1
+
+
 async def test_the_base_url_path_prefixes_the_target(
     nursery: trio.Nursery, pool: UpstreamPool
 ) -> None:
@@ -345,6 +360,30 @@ async def test_cancelling_mid_response_closes_the_connection(
         await client_left.wait()
         assert await get(pool, server.url, "/next") == b"/next"
     assert server.connections == 2
+
+
+async def test_what_has_arrived_is_relayed_in_one_piece_without_waiting_for_more(
+    nursery: trio.Nursery, pool: UpstreamPool
+) -> None:
+    events = [b"data: %d\n\n" % i for i in range(100)]
+    first_read = trio.Event()
+
+    async def script(peer: Peer, index: int) -> None:
+        assert await peer.request() is not None
+        head = h11.Response(status_code=200, headers=[(b"transfer-encoding", b"chunked")])
+        await peer.send(head, *(h11.Data(data=event) for event in events))  # one write
+        await first_read.wait()  # the rest only once the client has had the first piece
+        await peer.send(h11.Data(data=b"data: last\n\n"), h11.EndOfMessage())
+        await peer.serve_forever()
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        async with pool.request("GET", server.url, "/", [], None) as response:
+            pieces = []
+            async for piece in response.chunks():
+                pieces.append(piece)
+                first_read.set()
+    assert pieces == [b"".join(events), b"data: last\n\n"]
 
 
 async def test_a_response_not_read_to_its_end_closes_the_connection(
