@@ -18,7 +18,6 @@ from llamaswap.config import Config, load_config
 from llamaswap.config.paths import format_path
 from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
 from llamaswap.observability.logs import configure_console
-from llamaswap.router.swappers import make_swapper
 
 __all__ = ["check_config", "main", "missing_programs"]
 
@@ -115,11 +114,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_console(level, config.log_to_stdout.value, config.log_time_format)
     # --log-level debug is about llamaswap and its models, not every HTTP/2 header.
     logging.getLogger("hpack").setLevel(logging.WARNING)
-    try:
-        make_swapper(config)
-    except NotImplementedError as exc:
-        print(f"{options.config}: {exc}", file=sys.stderr)
-        sys.exit(2)
     try:
         trio.run(_run, config, options)
     except BaseException as exc:

@@ -192,6 +192,8 @@ class ModelConfig:
     use_model_name: str | None = None
     #: None: not set (``fifo`` then uses DEFAULT_CONCURRENCY_LIMIT; ``serial`` queues).
     concurrency_limit: int | None = attrs.field(default=None, metadata=within(CONCURRENCY_LIMIT))
+    #: ``serial`` only; None: ``routing.scheduler.settings.serial.slots``.
+    slots: int | None = attrs.field(default=None, metadata=within(SLOTS))
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     send_loading_state: bool = False
@@ -256,8 +258,6 @@ class SerialSettings:
 class SchedulerSettings:
     fifo: FifoSettings = FifoSettings()
     serial: SerialSettings = SerialSettings()
-    #: ``serial`` only; None: ``routing.scheduler.settings.serial.slots``.
-    slots: int | None = attrs.field(default=None, metadata=within(SLOTS))
 
 
 @attrs.frozen

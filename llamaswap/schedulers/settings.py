@@ -19,7 +19,9 @@ def limits(config: Config) -> dict[str, int]:
 def model_slots(config: Config) -> dict[str, int]:
     """``slots`` per model ID, for the models that set it (``serial`` only)."""
     return {
-        model_id: model.slots for model_id, model in config.models.items() if model.slots
+        model_id: model.slots
+        for model_id, model in config.models.items()
+        if model.slots is not None
     }
 
 

@@ -9,12 +9,13 @@ The config's own policy, and with ``compare=True`` the policies people weigh it 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import attrs
 
 from llamaswap.config import Config
-from llamaswap.config.model import SerialSettings
+from llamaswap.config.model import SerialSettings, toml_key
 
 from .report import Figures, figures, plot, table
 from .run import Outcome, Run, simulate
@@ -41,49 +42,51 @@ __all__ = [
 
 @attrs.frozen
 class Policy:
+    """A scheduling policy: the config's own, or the config with its scheduler changed.
+
+    ``use`` and ``serial`` (``routing.scheduler.settings.serial`` keys, as TOML names them)
+    are what a config file would change, so a benchmark can write the same policy to TOML.
+    """
+
     name: str
-    config: Config
+    use: Literal["fifo", "serial"] | None = None
+    serial: Mapping[str, int] = attrs.field(factory=dict)
     ignore_priority: bool = False
 
+    def applied(self, config: Config) -> Config:
+        """``config`` under this policy."""
+        section = config.routing.scheduler
+        fields = {toml_key(f): f.name for f in attrs.fields(SerialSettings)}
+        serial = attrs.evolve(
+            section.settings.serial, **{fields[k]: v for k, v in self.serial.items()}
+        )
+        scheduler = attrs.evolve(
+            section,
+            use=self.use or section.use,
+            settings=attrs.evolve(section.settings, serial=serial),
+        )
+        return attrs.evolve(config, routing=attrs.evolve(config.routing, scheduler=scheduler))
 
-def _with_scheduler(
-    config: Config, use: Literal["fifo", "serial"], serial: SerialSettings | None = None
-) -> Config:
-    section = config.routing.scheduler
-    settings = attrs.evolve(section.settings, serial=serial or section.settings.serial)
-    routing = attrs.evolve(
-        config.routing, scheduler=attrs.evolve(section, use=use, settings=settings)
-    )
-    return attrs.evolve(config, routing=routing)
+
+ARRIVAL_ORDER = Policy("arrival order", "serial", {"swapAffinityBonus": 0}, ignore_priority=True)
+STRICT_PRIORITY = Policy("strict priority", "serial", {"agingDivisor": 0, "swapAffinityBonus": 0})
+FIFO = Policy("fifo", "fifo")
 
 
 def policies(config: Config, *, compare: bool = False) -> list[Policy]:
     """The config's own policy and, with ``compare``, the reference ones."""
     own = config.routing.scheduler.use
-    serial = config.routing.scheduler.settings.serial
-    found = [Policy(f"{own} (this config)", config)]
+    found = [Policy(f"{own} (this config)")]
     if compare:
-        found += [
-            Policy(
-                "arrival order",
-                _with_scheduler(config, "serial", attrs.evolve(serial, swap_affinity_bonus=0)),
-                ignore_priority=True,
-            ),
-            Policy(
-                "strict priority",
-                _with_scheduler(
-                    config,
-                    "serial",
-                    attrs.evolve(serial, aging_divisor=0.0, swap_affinity_bonus=0),
-                ),
-            ),
-        ]
+        found += [ARRIVAL_ORDER, STRICT_PRIORITY]
         if own != "fifo":
-            found.append(Policy("fifo", _with_scheduler(config, "fifo")))
+            found.append(FIFO)
     return found
 
 
-def run_policy(policy: Policy, workload: Workload) -> Run:
-    """``workload`` served under ``policy``, in simulated time."""
-    servers = {model: workload.server(model) for model in policy.config.models}
-    return simulate(policy.config, jobs(workload), servers, ignore_priority=policy.ignore_priority)
+def run_policy(policy: Policy, config: Config, workload: Workload) -> Run:
+    """``workload`` served under ``policy`` applied to ``config``, in simulated time."""
+    servers = {model: workload.server(model) for model in config.models}
+    return simulate(
+        policy.applied(config), jobs(workload), servers, ignore_priority=policy.ignore_priority
+    )

@@ -49,7 +49,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     logging.getLogger("llamaswap").setLevel(logging.WARNING)  # a swap is not news here
     runs = [
-        (policy.name, run_policy(policy, workload))
+        (policy.name, run_policy(policy, config, workload))
         for policy in policies(config, compare=options.compare)
     ]
     print(table([figures(name, run) for name, run in runs]))

@@ -13,7 +13,10 @@ import trio
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import REPO, free_port_base
 
-EXAMPLES = sorted((REPO / "examples").rglob("*.toml"))
+#: Workloads (``*.workload.toml``) are not configs: tests/unit/test_simulate.py runs them.
+EXAMPLES = sorted(
+    p for p in (REPO / "examples").rglob("*.toml") if not p.name.endswith(".workload.toml")
+)
 
 
 def llamaswap(*args: str) -> subprocess.CompletedProcess[str]:

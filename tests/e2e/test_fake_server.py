@@ -243,11 +243,14 @@ async def test_parallel_makes_a_second_completion_wait_for_the_first(parallel: i
 
     with trio.fail_after(15):
         args = ["--tokens-per-second", "20", "--parallel", str(parallel)]
-        async with fake_server(*args) as fake, httpx.AsyncClient(base_url=fake.url) as client:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream, "A", 10)  # 0.5 s of generation
-                await first_started.wait()
-                nursery.start_soon(stream, "B", 1)
+        async with (
+            fake_server(*args) as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(stream, "A", 10)  # 0.5 s of generation
+            await first_started.wait()
+            nursery.start_soon(stream, "B", 1)
     if parallel == 1:  # B waits for A's slot
         assert events == ["A first", "A done", "B first", "B done"]
     else:  # no limit: B is served beside A, and done long before it

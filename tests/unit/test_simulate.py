@@ -188,7 +188,7 @@ def served_order(run: Run) -> list[int]:
 def test_each_policy_serves_the_trace_in_its_own_order() -> None:
     cfg = config()
     workload = loads_workload(workload_text(TRACE), cfg)
-    runs = {p.name: run_policy(p, workload) for p in policies(cfg, compare=True)}
+    runs = {p.name: run_policy(p, cfg, workload) for p in policies(cfg, compare=True)}
     assert list(runs) == ["serial (this config)", "arrival order", "strict priority", "fifo"]
     # serial: the interactive one (needs a swap) beats the normal one (affinity +10);
     # then the normal one for 'b'... for 'a' (0) beats batch for 'b' (-100 + 10).
@@ -214,7 +214,7 @@ def test_a_full_queue_shows_as_not_served() -> None:
         f'[[requests]]\nat = "{i * 0.1:.1f}s"\nmodel = "a"\njob = "5s"\n' for i in range(4)
     )
     [own] = policies(cfg)
-    run = run_policy(own, loads_workload(trace, cfg))
+    run = run_policy(own, cfg, loads_workload(trace, cfg))
     assert [o.error for o in run.outcomes] == [None, None, "QueueFull", "QueueFull"]
     assert figures(own.name, run).not_served == 2
 
@@ -222,7 +222,7 @@ def test_a_full_queue_shows_as_not_served() -> None:
 def test_the_table_has_a_row_per_policy_and_a_dash_where_a_figure_does_not_apply() -> None:
     cfg = config()
     workload = loads_workload(workload_text(TRACE), cfg)
-    rows = [figures(p.name, run_policy(p, workload)) for p in policies(cfg, compare=True)]
+    rows = [figures(p.name, run_policy(p, cfg, workload)) for p in policies(cfg, compare=True)]
     lines = table(rows).splitlines()
     assert len(lines) == 2 + 4
     assert lines[0].startswith("| policy")
@@ -243,7 +243,7 @@ def test_the_command_runs_the_bundled_example_and_plots(tmp_path: Path) -> None:
             "--config",
             str(EXAMPLES / "config.toml"),
             "--workload",
-            str(EXAMPLES / "mixed.toml"),
+            str(EXAMPLES / "mixed.workload.toml"),
             "--compare",
             "--plot",
             str(png),
