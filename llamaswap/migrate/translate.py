@@ -50,6 +50,10 @@ MIN_HEALTH_CHECK_TIMEOUT = 15
 _LONG_ARRAY = 80  # characters: a longer array is written one item per line
 
 #: Why a llama-swap key has no place in llamaswap (keys not listed: "no such key").
+#: Keys whose empty string is a setting, not "not set": ``logTimeFormat: ""`` is llama-swap's
+#: "no timestamp", while leaving the key out keeps llamaswap's.
+_EMPTY_IS_A_VALUE = {"logTimeFormat"}
+
 _REASONS = {
     "logRequests": "an old llama-swap switch; llamaswap has no such key",
     "metricsMaxInMemory": "llamaswap keeps the last 1000 requests in memory; "
@@ -255,7 +259,7 @@ class _Translator:
                 yield from hook(self, key, value, at)
             elif key not in _fields(cls):
                 self.skip(at, _REASONS.get(key, f"llamaswap has no key {key!r} here"))
-            elif value is None or value == "":
+            elif value is None or (value == "" and key not in _EMPTY_IS_A_VALUE):
                 continue  # llama-swap's "not set": llamaswap's default applies
             else:
                 yield from self.copy(key, value, at, _fields(cls)[key])

@@ -223,7 +223,7 @@ def test_legacy_top_level_groups_move_under_routing() -> None:
     [
         ("healthCheckTimeout: 5", "healthCheckTimeout", 15, ("healthCheckTimeout", False)),
         ("unloadTimeout: 0", "unloadTimeout", None, None),
-        ("logTimeFormat: ''", "logTimeFormat", None, None),
+        ("logTimeFormat: ''", "logTimeFormat", "", None),  # no timestamp, as in llama-swap
         ("startPort: ~", "startPort", None, None),
         ("apiKeys: [a, ~, b]", "apiKeys", ["a", "b"], ("apiKeys[1]", True)),
     ],
