@@ -31,7 +31,7 @@ import attrs
 
 from .model import DEFAULT_PROXY, DEFAULT_START_PORT
 from .paths import Path, Problem, did_you_mean, format_path
-from .values import MacroValue, describe
+from .values import MacroValue, describe, without_comments
 
 __all__ = ["MAX_EXPANDED_LENGTH", "PortProbe", "expand_macros", "port_free"]
 
@@ -193,12 +193,21 @@ def _first_pass_model(
         scope = macros.inner(local)
     substitute = scope.first_pass(environ, problems)
     expanded = {
-        key: _map_strings(value, (*base, key), substitute)
+        key: _map_strings(_uncommented(key, value), (*base, key), substitute)
         for key, value in model.items()
         if key != "macros"
     }
     _map_by_id_keys(expanded, base, substitute, problems)
     return expanded
+
+
+def _uncommented(key: str, value: object) -> object:
+    """A ``cmd``/``cmdStop`` string without its comment lines: a macro in a comment is not
+    expanded (a multi-line macro there would turn the rest of the comment into arguments),
+    as in llama-swap."""
+    if key in ("cmd", "cmdStop") and isinstance(value, str):
+        return without_comments(value)
+    return value
 
 
 def _map_by_id_keys(

@@ -286,10 +286,14 @@ def _check_command_length(length: int) -> None:
         )
 
 
+def without_comments(command: str) -> str:
+    """A command line string without its comment lines (first non-blank character ``#``)."""
+    return "\n".join(line for line in command.splitlines() if not line.lstrip().startswith("#"))
+
+
 def _split_command(text: str) -> list[str]:
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     # Join continuations before shlex: shlex would keep a backslash-newline as a "\n" word.
-    joined = re.sub(r"\\[ \t]*\r?\n", " ", "\n".join(lines))
+    joined = re.sub(r"\\[ \t]*\r?\n", " ", without_comments(text))
     try:
         return shlex.split(joined, comments=False, posix=True)
     except ValueError as exc:

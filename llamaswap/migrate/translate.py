@@ -546,19 +546,12 @@ def _model_macros(t: _Translator, key: str, value: object, path: Path) -> Iterat
 
 @_hook(schema.ModelConfig, "cmd", "cmdStop")
 def _command(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
-    """A command's comment lines that use macros go above it: llamaswap fills macros before
-    it drops comment lines, and a macro holding a line break would end the comment."""
     if value is None or value == "":
         return  # not set
-    if not isinstance(value, str):
+    if isinstance(value, str):
+        yield _Value(key, _string(value), path)
+    else:
         yield from t.copy(key, value, path, None)
-        return
-    lines = value.split("\n")
-    moved = [line.strip() for line in lines if line.lstrip().startswith("#") and "${" in line]
-    if moved:
-        t.note(path, "comment lines using macros moved above it, out of the command")
-        value = "\n".join(line for line in lines if line.strip() not in moved)
-    yield _Value(key, _string(value), path, tuple(moved))
 
 
 @_hook(schema.FilterConfig, "stripParams", "strip_params")

@@ -282,3 +282,22 @@ def test_using_an_invalid_macro_in_a_model_is_reported_once() -> None:
     assert list(found) == ["macros.PORT"]
     found = problems_of('[macros]\nx = {}\n[models.m]\ncmd = "s --port ${PORT} ${x}"\n')
     assert found == {"macros.x": "expected a string, number or boolean, got a table"}
+
+
+def test_macros_in_cmd_comment_lines_are_not_expanded() -> None:
+    # llama-swap drops comment lines before expanding macros: a multi-line macro, or one
+    # that is not defined, in a comment changes nothing.
+    config = load(
+        """
+        [macros]
+        server = '''llama-server
+          --port ${PORT}'''
+        [models.a]
+        cmd = '''
+          # ${server} --model old.gguf  (kept for reference; ${undefined} too)
+          ${server} --model a.gguf
+        '''
+        """
+    )
+    assert config.models["a"].cmd[:2] == ("llama-server", "--port")
+    assert config.models["a"].cmd[3:] == ("--model", "a.gguf")

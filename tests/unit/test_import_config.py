@@ -145,14 +145,13 @@ def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
     result, _ = fixture
     assert remarks(result) == [
         ("metricsMaxInMemory", True),
-        ("models.qwen.cmd", False),  # a comment moved out of it
         ("models.qwen.timeouts.expectContinue", True),
         ("models.qwen.capabilities", True),
         ("models.docker-llama.compat", True),
         ("routing.router.settings.matrix.vars", False),  # the vars it added
         ("profiles", True),
     ]
-    assert result.remarks[2].render() == (
+    assert result.remarks[1].render() == (
         "models.qwen.timeouts.expectContinue: not translated: "
         "llamaswap has no key 'expectContinue' here"
     )
@@ -175,9 +174,8 @@ def test_comments_stay_where_they_were(fixture: tuple[ImportResult, Config]) -> 
         'CUDA_VISIBLE_DEVICES = "0" # the first GPU\n',
         "docker-llama = 5 # a container is slow to start\n",
         "# sets may name models directly\n[routing.router.settings.matrix.sets]\n",
-        # a command's comment line using a macro goes above it (the macro might hold a
-        # line break); its other lines stay in it
-        "# ${llama-server} is defined above\ncmd = '''\n${llama-server}\n--model ",
+        # a command's comment lines stay in it, macros and all (they are not filled in)
+        "cmd = '''\n# ${llama-server} is defined above\n${llama-server}\n--model ",
         "[hooks.on_startup]\n# loaded when llama-swap starts\npreload = [",
     ]
     for piece in expected:
