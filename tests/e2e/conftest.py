@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 import trio
 
-from tests.e2e.harness import ProxyProcess, start_proxy, stop_proxy
+from tests.e2e.harness import REPO, ProxyProcess, start_proxy, stop_proxy
 
 StartProxy = Callable[..., Awaitable[ProxyProcess]]
 
@@ -26,3 +28,18 @@ async def proxy_factory(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[
     yield start
     for proxy in started:
         await stop_proxy(proxy)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding ``tiny-a.gguf`` and ``tiny-b.gguf`` (seeds 1 and 2), made by
+    ``examples/tiny_model.py`` for the real-inference tiers (it needs ``gguf``)."""
+    folder = tmp_path_factory.mktemp("models")
+    script = REPO / "examples" / "tiny_model.py"
+    subprocess.run(
+        [sys.executable, str(script), str(folder / "tiny-a.gguf"), str(folder / "tiny-b.gguf")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return folder

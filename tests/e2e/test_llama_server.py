@@ -51,25 +51,11 @@ def macros(tmp_path_factory: pytest.TempPathFactory) -> str:
     return found.stdout
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding ``tiny-a.gguf`` and ``tiny-b.gguf`` (seeds 1 and 2)."""
-    folder = tmp_path_factory.mktemp("models")
-    script = REPO / "examples" / "tiny_model.py"
-    subprocess.run(
-        [sys.executable, str(script), str(folder / "tiny-a.gguf"), str(folder / "tiny-b.gguf")],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return folder
-
-
 @pytest.fixture
-def config(macros: str, models: Path) -> str:
+def config(macros: str, tiny_models: Path) -> str:
     """Two tiny models, each served by llama-server with two parallel slots, and llamaswap's
     serial scheduler handing out two requests at a time to match."""
-    folder = shlex.quote(str(models))
+    folder = shlex.quote(str(tiny_models))
     return f"""
 healthCheckTimeout = 120
 startPort = {free_port_base()}

@@ -14,8 +14,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import anthropic
@@ -45,26 +43,12 @@ EXAMPLE = REPO / "examples" / "llama-cpp-python.toml"
 EOS = "2"  # the tiny models' end-of-text token id; a logit bias of -100 rules it out
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding ``tiny-a.gguf`` and ``tiny-b.gguf`` (seeds 1 and 2)."""
-    folder = tmp_path_factory.mktemp("models")
-    script = REPO / "examples" / "tiny_model.py"
-    subprocess.run(
-        [sys.executable, str(script), str(folder / "tiny-a.gguf"), str(folder / "tiny-b.gguf")],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return folder
-
-
 @pytest.fixture
-def config(models: Path) -> str:
-    """The example config, on free ports, with its models taken from ``models``."""
+def config(tiny_models: Path) -> str:
+    """The example config, on free ports, with its models taken from ``tiny_models``."""
     text = EXAMPLE.read_text()
     text, ports = re.subn(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)
-    folder = shlex.quote(str(models))
+    folder = shlex.quote(str(tiny_models))
     text, paths = re.subn(r"--model examples/models/", f"--model {folder}/", text)
     assert (ports, paths) == (1, 2), "the example config changed shape: update this fixture"
     return text

@@ -232,27 +232,22 @@ def test_the_table_has_a_row_per_policy_and_a_dash_where_a_figure_does_not_apply
     assert rows[0].batch_p50 == rows[0].batch_max  # one batch request
 
 
-def test_the_command_runs_the_bundled_example_and_plots(tmp_path: Path) -> None:
-    png = tmp_path / "waits.png"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamaswap",
-            "simulate",
-            "--config",
-            str(EXAMPLES / "config.toml"),
-            "--workload",
-            str(EXAMPLES / "mixed.workload.toml"),
-            "--compare",
-            "--plot",
-            str(png),
-        ],
+def simulate_command(*args: str) -> subprocess.CompletedProcess[str]:
+    """``llamaswap simulate`` on the bundled example config, as a user runs it."""
+    config = str(EXAMPLES / "config.toml")
+    return subprocess.run(
+        [sys.executable, "-m", "llamaswap", "simulate", "--config", config, *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def test_the_command_runs_the_bundled_example_and_plots(tmp_path: Path) -> None:
+    png = tmp_path / "waits.png"
+    workload = str(EXAMPLES / "mixed.workload.toml")
+    done = simulate_command("--workload", workload, "--compare", "--plot", str(png))
     assert done.returncode == 0, done.stderr
     names = [line.split("|")[1].strip() for line in done.stdout.splitlines()[2:6]]
     assert names == ["serial (this config)", "arrival order", "strict priority", "fifo"]
@@ -262,21 +257,6 @@ def test_the_command_runs_the_bundled_example_and_plots(tmp_path: Path) -> None:
 def test_the_command_reports_a_bad_workload_and_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "w.toml"
     bad.write_text('[[requests]]\nat = "1s"\nmodel = "zzz"\njob = 1\n')
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamaswap",
-            "simulate",
-            "--config",
-            str(EXAMPLES / "config.toml"),
-            "--workload",
-            str(bad),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = simulate_command("--workload", str(bad))
     assert done.returncode == 2
     assert "requests[0].model: no model 'zzz'" in done.stderr
