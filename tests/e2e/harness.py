@@ -212,6 +212,12 @@ async def stop_proxy(proxy: ProxyProcess) -> None:
         await wait_until(lambda: not survivors(proxy.marker), within=5)
 
 
+async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
+    """``GET /running`` as a map from model ID to its entry."""
+    response = await client.get("/running")
+    return {entry["model"]: entry for entry in response.json()["running"]}
+
+
 async def open_raw_request(url: str, path: str, body: bytes) -> trio.SocketStream:
     """POST ``body`` as JSON over a bare socket; the caller reads, then closes, the stream.
 

@@ -24,13 +24,13 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import REPO, alive, free_port_base
+from tests.e2e.harness import REPO, alive, free_port_base, running
+from tests.e2e.tiny import EOS, chat
 
 pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamaserver]'")
 
 pytestmark = pytest.mark.llamaserver
 
-EOS = "2"  # the tiny models' end-of-text token id; a logit bias of -100 rules it out
 #: llama-server's log lines for a request taking a slot, and giving it back.
 SLOT_EVENT = re.compile(r"\[tiny-a\].* (?P<what>launch|release)\w*: id +(?P<slot>\d+) \| task")
 
@@ -80,27 +80,10 @@ slots = 2
 """
 
 
-def chat(model: str, max_tokens: int, **extra: object) -> dict[str, object]:
-    """A greedy chat request that cannot end early: it runs to ``max_tokens``."""
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "logit_bias": {EOS: -100},
-        **extra,
-    }
-
-
 def content(reply: httpx.Response) -> str:
     text = reply.json()["choices"][0]["message"]["content"]
     assert isinstance(text, str)
     return text
-
-
-async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
-    response = await client.get("/running")
-    return {entry["model"]: entry for entry in response.json()["running"]}
 
 
 async def inflight_states(client: httpx.AsyncClient) -> list[str]:

@@ -28,9 +28,11 @@ from tests.e2e.harness import (
     alive,
     free_port_base,
     open_raw_request,
+    running,
     survivors,
     wait_until,
 )
+from tests.e2e.tiny import chat
 
 pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamacpp]'")
 pytest.importorskip(
@@ -40,7 +42,6 @@ pytest.importorskip(
 pytestmark = pytest.mark.llamacpp
 
 EXAMPLE = REPO / "examples" / "llama-cpp-python.toml"
-EOS = "2"  # the tiny models' end-of-text token id; a logit bias of -100 rules it out
 
 
 @pytest.fixture
@@ -52,23 +53,6 @@ def config(tiny_models: Path) -> str:
     text, paths = re.subn(r"--model examples/models/", f"--model {folder}/", text)
     assert (ports, paths) == (1, 2), "the example config changed shape: update this fixture"
     return text
-
-
-def chat(model: str, max_tokens: int, **extra: object) -> dict[str, object]:
-    """A greedy chat request that cannot end early: it runs to ``max_tokens``."""
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "logit_bias": {EOS: -100},
-        **extra,
-    }
-
-
-async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
-    response = await client.get("/running")
-    return {entry["model"]: entry for entry in response.json()["running"]}
 
 
 async def pid_of(client: httpx.AsyncClient, model: str) -> int:

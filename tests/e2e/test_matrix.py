@@ -8,8 +8,8 @@ import httpx
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import alive, open_raw_request
-from tests.e2e.test_proxy import chat, config, running
+from tests.e2e.harness import alive, open_raw_request, running
+from tests.e2e.test_proxy import chat, config
 
 MODELS = """
 [models.a]

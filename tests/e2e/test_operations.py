@@ -18,8 +18,8 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import alive, child_env, wait_until
-from tests.e2e.test_proxy import chat, config, running
+from tests.e2e.harness import alive, child_env, running, wait_until
+from tests.e2e.test_proxy import chat, config
 
 # One group (the default): a model must evict the others to load.
 MODELS = config(

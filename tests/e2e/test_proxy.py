@@ -19,6 +19,7 @@ from tests.e2e.harness import (
     alive,
     free_port_base,
     open_raw_request,
+    running,
     survivors,
     wait_until,
 )
@@ -45,11 +46,6 @@ cmd = "${fake} --load-seconds 0.2 --tokens-per-second 40"
 
 def chat(model: str, **extra: object) -> dict[str, object]:
     return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
-
-
-async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
-    response = await client.get("/running")
-    return {entry["model"]: entry for entry in response.json()["running"]}
 
 
 async def test_swap_keeps_one_model_alive_in_the_default_group(

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import open_raw_request
-from tests.e2e.test_proxy import chat, config, running
+from tests.e2e.harness import open_raw_request, running
+from tests.e2e.test_proxy import chat, config
 
 
 async def test_client_disconnect_mid_stream_reaches_the_model_server(

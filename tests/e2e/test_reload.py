@@ -11,9 +11,9 @@ import httpx
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import FAKE, free_port_base
+from tests.e2e.harness import FAKE, free_port_base, running
 from tests.e2e.test_live import LiveStream
-from tests.e2e.test_proxy import chat, running
+from tests.e2e.test_proxy import chat
 
 SIDE_BY_SIDE = """
 [routing.router.settings.groups.all]

@@ -32,9 +32,9 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import REPO
+from tests.e2e.harness import REPO, running
 from tests.e2e.test_operations import cancelled_error, inflight
-from tests.e2e.test_proxy import chat, config, running
+from tests.e2e.test_proxy import chat, config
 
 with contextlib.suppress(ImportError):  # without it the browser tests skip, saying why
     from playwright.sync_api import Locator, Page, expect, sync_playwright
