@@ -11,7 +11,6 @@ Needs the ``llamacpp`` extra (``pip install -e '.[llamacpp]'``); skipped without
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import trio
 from anthropic.types import MessageParam
 
+from tests.benchmarks.bench_proxy import cpu_seconds
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import (
     REPO,
@@ -59,13 +59,6 @@ async def pid_of(client: httpx.AsyncClient, model: str) -> int:
     pid = (await running(client))[model]["pid"]
     assert isinstance(pid, int)
     return pid
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time the process has used so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_chat_with_real_usage_streaming_and_not(
