@@ -295,3 +295,64 @@ async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
     [headers] = seen
     assert [name for name, _ in headers if name == b"expect"] == []
     assert (b"content-length", b"5") in headers
+
+
+async def test_a_chunked_answer_is_decoded_and_its_connection_kept_alive(
+    nursery: trio.Nursery, pool: UpstreamPool
+) -> None:
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            head = h11.Response(status_code=200, headers=[(b"transfer-encoding", b"chunked")])
+            pieces = [h11.Data(data=part) for part in (request[0].target, b"|", b"x" * 70000)]
+            await peer.send(head, *pieces, h11.EndOfMessage(headers=[(b"checksum", b"1")]))
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        for target in (b"/one", b"/two"):
+            assert await get(pool, server.url, target.decode()) == target + b"|" + b"x" * 70000
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        (b"", b"3\r\nabc\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n"),  # more than the body
+        (b"connection: close\r\n", b"3\r\nabc\r\n0\r\n\r\n"),
+    ],
+    ids=["bytes after the body", "connection close"],
+)
+async def test_a_chunked_answer_that_ends_the_connection_is_not_reused(
+    nursery: trio.Nursery, pool: UpstreamPool, headers: bytes, body: bytes
+) -> None:
+    async def script(peer: Peer, index: int) -> None:
+        if index > 0:
+            await peer.serve_forever()
+            return
+        assert await peer.request() is not None
+        head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n" + headers + b"\r\n"
+        await peer.stream.send_all(head + body)
+        await peer.stream.receive_some()  # until the client closes
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        assert await get(pool, server.url, "/") == b"abc"
+        assert await get(pool, server.url, "/next") == b"/next"
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "body", [b"3\r\nabc\r\n", b"3\r\nab", b"zz\r\n"], ids=["no last chunk", "mid-chunk", "bad"]
+)
+async def test_a_chunked_answer_that_breaks_off_is_an_answered_failure(
+    nursery: trio.Nursery, pool: UpstreamPool, body: bytes
+) -> None:
+    async def script(peer: Peer, index: int) -> None:
+        assert await peer.request() is not None
+        await peer.stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body)
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        async with pool.request("GET", server.url, "/", [], None) as response:
+            with pytest.raises(UpstreamFailed) as failed:
+                await response.read()
+    assert failed.value.answered
