@@ -4,7 +4,10 @@ Inference routes name their model in the JSON body, in a multipart form field, o
 the query string (SPEC §4.1). ``useModelName`` and ``filters`` rewrite the JSON body;
 when nothing changes, the original bytes are forwarded untouched. A JSON body is parsed
 once per request (``Payload``), however many questions are asked of it: a prompt with
-images can be megabytes.
+images can be megabytes. Most requests only need its ``model`` (and ``stream``): those two
+fields are read with msgspec, which checks the whole body is JSON but builds nothing else
+(a 2 MB chat body: 0.55 ms, against 4.7 ms for ``json.loads``; docs/performance.md).
+Whatever msgspec cannot read goes to ``json.loads``, which decides as it always did.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import enum
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any, final
+from typing import Any, Literal, final
 from urllib.parse import parse_qsl, urlencode
 
 import attrs
+import msgspec
 from werkzeug.sansio.multipart import (
     Data,
     Epilogue,
@@ -39,6 +43,16 @@ class ModelIn(enum.Enum):
     QUERY = "query"
 
 
+class _Head(msgspec.Struct):
+    """The fields of a JSON body that every request is asked for."""
+
+    model: Any = None
+    stream: Any = None
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+
+
 @final
 @attrs.define(eq=False)
 class Payload:
@@ -47,12 +61,24 @@ class Payload:
     raw: bytes
     content_type: str
     _document: dict[str, Any] | None = None
+    _head: _Head | None = None
 
     def json(self) -> dict[str, Any]:
         """The body as a JSON object. Raises BadRequest if it is not one."""
         if self._document is None:
             self._document = _json_object(self.raw)
         return self._document
+
+    def field(self, name: Literal["model", "stream"]) -> object:
+        """``json().get(name)`` for ``model`` or ``stream``, without building the document."""
+        if self._document is None and self._head is None:
+            try:
+                self._head = _HEAD.decode(self.raw)
+            except (msgspec.MsgspecError, RecursionError):  # json.loads decides (NaN, BOMs…)
+                self.json()
+        if self._document is not None:
+            return self._document.get(name)
+        return getattr(self._head, name)
 
 
 def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
@@ -66,7 +92,7 @@ def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
     if where is ModelIn.QUERY:
         model = dict(parse_qsl(query.decode("latin-1"))).get("model")
     elif where is ModelIn.JSON:
-        model = payload.json().get("model")
+        model = payload.field("model")
     else:
         model = _form_fields(payload.raw, payload.content_type).get("model")
     if model is not None and not isinstance(model, str):

@@ -563,7 +563,7 @@ async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:
 def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> bool:
     if scope["path"] != "/v1/chat/completions" or payload is None:
         return False
-    return payload.json().get("stream") is True
+    return payload.field("stream") is True
 
 
 def _header_map(scope: HTTPScope) -> dict[str, str]:

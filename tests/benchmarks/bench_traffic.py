@@ -344,7 +344,24 @@ async def start_nginx(stack: AsyncExitStack, upstream: str) -> Target | None:
     port = free_port_base(1)
     conf = Path(directory) / "nginx.conf"
     conf.write_text(NGINX.format(dir=directory, upstream=upstream, port=port))
-    process = await trio.lowlevel.open_process([binary, "-e", "stderr", "-c", str(conf)])
+    return await start_server(stack, "nginx", [binary, "-e", "stderr", "-c", str(conf)], port)
+
+
+async def start_floors(stack: AsyncExitStack, upstream: str) -> list[Target]:
+    """hypercorn alone (a constant answer) and a minimal forwarder to ``upstream`` through
+    llamaswap's upstream pool: the floor under llamaswap on its stack (floor_app.py)."""
+    floors = []
+    for name, args in (("hypercorn alone", ["constant"]), ("minimal forwarder", ["forward"])):
+        port = free_port_base(1)
+        command = [sys.executable, str(REPO / "tests/benchmarks/floor_app.py"), "--port"]
+        command += [str(port), *args, upstream]
+        floors.append(await start_server(stack, name, command, port))
+    return floors
+
+
+async def start_server(stack: AsyncExitStack, name: str, command: list[str], port: int) -> Target:
+    """Run ``command``, stopped on the way out, once it accepts connections on ``port``."""
+    process = await trio.lowlevel.open_process(command)
 
     async def stop() -> None:
         process.terminate()
@@ -358,7 +375,7 @@ async def start_nginx(stack: AsyncExitStack, upstream: str) -> Target | None:
                 break
             except OSError:
                 await trio.sleep(0.05)
-    return Target("nginx", f"http://127.0.0.1:{port}", process.pid)
+    return Target(name, f"http://127.0.0.1:{port}", process.pid)
 
 
 async def start_llamaswap(stack: AsyncExitStack, name: str, source: Path) -> tuple[Target, str]:
@@ -399,8 +416,13 @@ def shares(figures: dict[str, float]) -> dict[str, str]:
     }
 
 
+#: The table's columns: the targets' names, in order (set once they are all running).
+COLUMNS: list[str] = []
+
+
 def row(label: str, cells: dict[str, str], target: str = "") -> list[str]:
-    return [label, *cells.values(), TARGETS.get(target, "")]
+    """A table row: ``cells`` by target name, in the columns' order (blank where missing)."""
+    return [label, *(cells.get(name, "") for name in COLUMNS), TARGETS.get(target, "")]
 
 
 async def run(other: Path | None, quick: bool) -> None:
@@ -414,14 +436,15 @@ async def run(other: Path | None, quick: bool) -> None:
         direct = Target("direct", upstream, None)
         nginx = await start_nginx(stack, upstream.removeprefix("http://"))
         targets = [direct, *([nginx] if nginx else []), *proxies]
-        names = [t.name for t in targets]
+        floors = await start_floors(stack, upstream)  # only in the small-request rows
+        COLUMNS[:] = names = [t.name for t in targets + floors]
         idle = {t.name: rss_mb(t.pid) for t in proxies if t.pid is not None}
         table: list[list[str]] = [["measure", *names, "target"]]
 
         def added(key: str, q: float) -> dict[str, str]:
             base = percentile(direct.samples[key], q) * 1e3
             cells = {}
-            for t in targets:
+            for t in targets + floors:
                 if key not in t.samples:
                     cells[t.name] = ""
                     continue
@@ -430,13 +453,15 @@ async def run(other: Path | None, quick: bool) -> None:
             return cells
 
         def cpu() -> dict[str, str]:
-            cells = {t.name: "" if t.pid is None else f"{t.cpu_us():.0f} µs" for t in targets}
-            for t in targets:
+            measured = [t for t in targets + floors if t.pid is not None and t.served]
+            cells = {t.name: f"{t.cpu_us():.0f} µs" for t in measured}
+            for t in measured:
                 t.cpu, t.served = 0.0, 0
             return cells
 
         blocks, per_block = (6, 100) if quick else (20, 250)
-        await trio.to_thread.run_sync(timed_blocks, targets, "small", chat(), blocks, per_block)
+        small = targets + floors
+        await trio.to_thread.run_sync(timed_blocks, small, "small", chat(), blocks, per_block)
         table.append(row("c=1 small chat, p50 (added)", added("small", 0.5), "c=1 added p50"))
         table.append(row("c=1 small chat, p99 (added)", added("small", 0.99), "c=1 added p99"))
         table.append(row("CPU per small chat request", cpu(), "CPU per request"))
@@ -446,7 +471,7 @@ async def run(other: Path | None, quick: bool) -> None:
             row("c=1 alternated with direct (old method), p50", added("alternating", 0.5))
         )
         seconds, rounds8 = (2, 1) if quick else (4, 3)
-        c8 = await trio.to_thread.run_sync(concurrency8, targets, seconds, rounds8)
+        c8 = await trio.to_thread.run_sync(concurrency8, targets + floors, seconds, rounds8)
         rates = {name: rate for name, (rate, _) in c8.items()}
         table.append(row("c=8 req/s (share of direct)", shares(rates), "c=8 req/s"))
         table.append(row("c=8 p50", {n: f"{p:.2f} ms" for n, (_, p) in c8.items()}))
@@ -462,8 +487,7 @@ async def run(other: Path | None, quick: bool) -> None:
         label = f"stream of {chunks} chunks, chunks/s (share)"
         table.append(row(label, shares(rates), "stream chunks/s"))
         table.append(row("stream, CPU per chunk", {
-            t.name: "" if t.pid is None else f"{t.cpu / t.served / chunks * 1e6:.1f} µs"
-            for t in targets
+            t.name: f"{t.cpu / t.served / chunks * 1e6:.1f} µs" for t in targets if t.pid
         }))  # fmt: skip
         table.append(row("RSS idle", {
             t.name: f"{idle[t.name]:.1f} MB" if t.name in idle else "" for t in targets

@@ -6,6 +6,8 @@ import base64
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llamaswap.config import loads_config
 from llamaswap.config.model import FilterConfig
@@ -61,26 +63,45 @@ def test_bad_json_bodies_are_400(body: bytes, message: str) -> None:
         read_model(ModelIn.JSON, Payload(body, "application/json"), b"")
 
 
-@pytest.mark.parametrize(
-    ("body", "message"),
-    [
-        (
-            b'{"model": "m", "seed": ' + b"1" * 5000 + b"}",
-            "the request body holds a number with more than 4300 digits; llamaswap cannot read it",
-        ),
-        (
-            b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-            "the request body nests arrays and objects too deeply to read",
-        ),
-    ],
-)
-def test_json_python_cannot_read_is_400(body: bytes, message: str) -> None:
+def test_json_python_cannot_read_is_400() -> None:
+    body = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     payload = Payload(body, "application/json")
     with pytest.raises(BadRequest) as info:
         read_model(ModelIn.JSON, payload, b"")
-    assert str(info.value) == message
+    assert str(info.value) == "the request body nests arrays and objects too deeply to read"
     with pytest.raises(BadRequest):  # asked again (a filter, the stream flag): same answer
         payload.json()
+
+
+def test_a_number_python_cannot_read_is_400_only_when_the_document_is_needed() -> None:
+    """The model is read without building the document: the body goes through untouched,
+    unless a filter must change it."""
+    payload = Payload(b'{"model": "m", "seed": ' + b"1" * 5000 + b"}", "application/json")
+    assert read_model(ModelIn.JSON, payload, b"") == "m"
+    with pytest.raises(BadRequest) as info:
+        rewrite_body(ModelIn.JSON, payload, model="upstream-name")
+    assert str(info.value) == (
+        "the request body holds a number with more than 4300 digits; llamaswap cannot read it"
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "x": [1, {"model": "inner"}], "model": "b", "stream": true}',
+        b'{"model": "m", "temperature": NaN, "stream": false}',  # JSON's extensions
+        '{"model": "m", "stream": true}'.encode("utf-16"),  # encodings json.loads detects
+        b'{"model": "\\ud800", "stream": 1}',  # a lone surrogate
+        b'{"stream": null}',
+        b"{}",
+    ],
+)
+def test_the_model_and_stream_fields_read_as_json_loads_reads_them(body: bytes) -> None:
+    document = json.loads(body)
+    payload = Payload(body, "application/json")
+    assert payload.field("model") == document.get("model")
+    assert payload.field("stream") == document.get("stream")
+    assert payload.json() == document
 
 
 def test_a_document_too_deep_to_write_back_is_400() -> None:
@@ -240,3 +261,22 @@ def test_set_params_by_id_applies_for_the_name_requested_after_set_params() -> N
     assert hot.json() == {"model": "chat:hot", "temperature": 1.5, "top_p": 0.9}
     plain = rewrite_body(ModelIn.JSON, payload, model=None, filters=filters, requested="chat")
     assert plain.json() == {"model": "chat:hot", "temperature": 0.7, "top_p": 0.9}
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["model", "stream"]) | st.text(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["model", "stream", "messages"]) | st.text(), _JSON_VALUES))
+def test_any_json_object_gives_the_fields_json_loads_gives(document: dict[str, object]) -> None:
+    body = json.dumps(document).encode()  # NaN and Infinity included, as clients may send
+    payload = Payload(body, "application/json")
+    expected = json.loads(body)
+    assert repr(payload.field("model")) == repr(expected.get("model"))
+    assert repr(payload.field("stream")) == repr(expected.get("stream"))
