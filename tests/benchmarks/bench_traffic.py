@@ -24,6 +24,10 @@ Rows:
 * a 200 KB and a 2 MB chat body: added time (p50) and CPU per request;
 * a stream of 5 000 SSE chunks sent as fast as the upstream can: chunks/s;
 * RSS idle, and per request waiting in the queue (1 000 waiting behind a busy model).
+
+In the small-request rows two more columns show the floor under llamaswap on its stack
+(``floor_app.py``): hypercorn answering a constant, and a minimal forwarder on llamaswap's
+upstream pool with nothing else.
 """
 
 from __future__ import annotations
