@@ -397,13 +397,22 @@ async def test_a_response_not_read_to_its_end_closes_the_connection(
     assert server.connections == 2
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"content-length: 10\r\n\r\n12345",
+        b"transfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",  # no last chunk
+        b"transfer-encoding: chunked\r\n\r\n3\r\nab",  # mid-chunk
+        b"transfer-encoding: chunked\r\n\r\nzz\r\n",  # not a chunk size
+    ],
+    ids=["content-length", "no last chunk", "mid-chunk", "bad chunk"],
+)
 async def test_a_body_that_breaks_off_is_an_answered_failure(
-    nursery: trio.Nursery, pool: UpstreamPool
+    nursery: trio.Nursery, pool: UpstreamPool, answer: bytes
 ) -> None:
     async def script(peer: Peer, index: int) -> None:
         assert await peer.request() is not None
-        head = h11.Response(status_code=200, headers=[(b"content-length", b"10")])
-        await peer.send(head, h11.Data(data=b"12345"))
+        await peer.stream.send_all(b"HTTP/1.1 200 OK\r\n" + answer)  # then closes
 
     server = await start_server(nursery, script)
     with trio.fail_after(10):
