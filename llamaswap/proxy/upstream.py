@@ -262,8 +262,12 @@ class UpstreamResponse:
         self._connection = connection
         self.status = head.status_code
         self.headers: list[tuple[bytes, bytes]] = list(head.headers)  # names in lowercase
-        # h11 has checked that a Transfer-Encoding says "chunked" (and only that).
-        has_body = method != b"HEAD" and self.status not in (204, 304)
+        # h11's rules (RFC 9112 §6.3); it has checked a Transfer-Encoding says "chunked".
+        has_body = not (
+            method == b"HEAD"
+            or self.status in (204, 304)
+            or (method == b"CONNECT" and 200 <= self.status < 300)
+        )
         chunked = has_body and any(k == b"transfer-encoding" for k, _ in self.headers)
         self._chunked = _Chunked() if chunked else None
         self._keep_alive = head.http_version >= b"1.1" and b"close" not in _tokens(

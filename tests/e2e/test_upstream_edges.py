@@ -132,13 +132,16 @@ async def test_a_tls_body_that_ends_with_the_connection_is_complete(
     assert server.connections == 2
 
 
-async def test_a_head_response_has_no_body_whatever_its_content_length(
-    nursery: trio.Nursery, pool: UpstreamPool
+@pytest.mark.parametrize(
+    "framing", [(b"content-length", b"1000"), (b"transfer-encoding", b"chunked")]
+)
+async def test_a_head_response_has_no_body_whatever_its_framing(
+    nursery: trio.Nursery, pool: UpstreamPool, framing: tuple[bytes, bytes]
 ) -> None:
     async def script(peer: Peer, index: int) -> None:
         while (request := await peer.request()) is not None:
             if request[0].method == b"HEAD":
-                head = h11.Response(status_code=200, headers=[(b"content-length", b"1000")])
+                head = h11.Response(status_code=200, headers=[framing])
                 await peer.send(head, h11.EndOfMessage())
             else:
                 await peer.respond(b"after")
@@ -146,7 +149,7 @@ async def test_a_head_response_has_no_body_whatever_its_content_length(
     server = await start_server(nursery, script)
     with trio.fail_after(10):
         async with pool.request("HEAD", server.url, "/", [], None) as response:
-            assert response.header(b"content-length") == "1000"
+            assert response.header(framing[0]) == framing[1].decode()
             assert await response.read() == b""
         assert await get(pool, server.url, "/") == b"after"
     assert server.connections == 1
