@@ -218,6 +218,13 @@ async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
     return {entry["model"]: entry for entry in response.json()["running"]}
 
 
+async def pid_of(client: httpx.AsyncClient, model: str) -> int:
+    """The PID of ``model``'s running server (``GET /running``)."""
+    pid = (await running(client))[model]["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
 async def open_raw_request(url: str, path: str, body: bytes) -> trio.SocketStream:
     """POST ``body`` as JSON over a bare socket; the caller reads, then closes, the stream.
 

@@ -24,8 +24,8 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import REPO, alive, free_port_base, running
-from tests.e2e.tiny import EOS, chat
+from tests.e2e.harness import REPO, free_port_base, running
+from tests.e2e.tiny import EOS, chat, content, swap_between_the_two_models
 
 pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamaserver]'")
 
@@ -78,12 +78,6 @@ use = "serial"
 [routing.scheduler.settings.serial]
 slots = 2
 """
-
-
-def content(reply: httpx.Response) -> str:
-    text = reply.json()["choices"][0]["message"]["content"]
-    assert isinstance(text, str)
-    return text
 
 
 async def inflight_states(client: httpx.AsyncClient) -> list[str]:
@@ -176,17 +170,7 @@ async def test_swap_between_the_two_models(proxy_factory: StartProxy, config: st
     proxy = await proxy_factory(config)
     async with proxy.client() as client:
         with trio.fail_after(120):
-            first = await client.post("/v1/chat/completions", json=chat("tiny-a", 20))
-            assert first.status_code == 200
-            a_pid = (await running(client))["tiny-a"]["pid"]
-            assert isinstance(a_pid, int)
-            second = await client.post("/v1/chat/completions", json=chat("tiny-b", 20))
-            assert second.status_code == 200
-            assert second.json()["model"] == "tiny-b"
-            assert set(await running(client)) == {"tiny-b"}
-            assert not alive(a_pid)
-    # Different weights, different greedy gibberish: the answer did come from the other file.
-    assert content(first) != content(second)
+            await swap_between_the_two_models(client)
     await proxy.output.wait_for(r"model 'tiny-a': stopping \(evicted for 'tiny-b'\)")
 
 

@@ -16,7 +16,6 @@ import shlex
 from pathlib import Path
 
 import anthropic
-import httpx
 import pytest
 import trio
 from anthropic.types import MessageParam
@@ -28,11 +27,12 @@ from tests.e2e.harness import (
     alive,
     free_port_base,
     open_raw_request,
+    pid_of,
     running,
     survivors,
     wait_until,
 )
-from tests.e2e.tiny import chat
+from tests.e2e.tiny import chat, swap_between_the_two_models
 
 pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamacpp]'")
 pytest.importorskip(
@@ -53,12 +53,6 @@ def config(tiny_models: Path) -> str:
     text, paths = re.subn(r"--model examples/models/", f"--model {folder}/", text)
     assert (ports, paths) == (1, 2), "the example config changed shape: update this fixture"
     return text
-
-
-async def pid_of(client: httpx.AsyncClient, model: str) -> int:
-    pid = (await running(client))[model]["pid"]
-    assert isinstance(pid, int)
-    return pid
 
 
 async def test_chat_with_real_usage_streaming_and_not(
@@ -136,17 +130,7 @@ async def test_swap_between_the_two_models(proxy_factory: StartProxy, config: st
     proxy = await proxy_factory(config)
     async with proxy.client() as client:
         with trio.fail_after(120):
-            first = await client.post("/v1/chat/completions", json=chat("tiny-a", 20))
-            assert first.status_code == 200
-            a_pid = await pid_of(client, "tiny-a")
-            second = await client.post("/v1/chat/completions", json=chat("tiny-b", 20))
-            assert second.status_code == 200
-            assert second.json()["model"] == "tiny-b"
-            assert set(await running(client)) == {"tiny-b"}
-            assert not alive(a_pid)
-    # Different weights, different greedy gibberish: the answer did come from the other file.
-    answers = [r.json()["choices"][0]["message"]["content"] for r in (first, second)]
-    assert answers[0] != answers[1]
+            await swap_between_the_two_models(client)
     await proxy.output.wait_for(r"model 'tiny-a': stopping \(evicted for 'tiny-b'\)")
 
 
