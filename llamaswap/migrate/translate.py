@@ -49,11 +49,11 @@ __all__ = ["ImportResult", "Remark", "YamlError", "import_yaml"]
 MIN_HEALTH_CHECK_TIMEOUT = 15
 _LONG_ARRAY = 80  # characters: a longer array is written one item per line
 
-#: Why a llama-swap key has no place in llamaswap (keys not listed: "no such key").
 #: Keys whose empty string is a setting, not "not set": ``logTimeFormat: ""`` is llama-swap's
 #: "no timestamp", while leaving the key out keeps llamaswap's.
 _EMPTY_IS_A_VALUE = {"logTimeFormat"}
 
+#: Why a llama-swap key has no place in llamaswap (keys not listed: "no such key").
 _REASONS = {
     "logRequests": "an old llama-swap switch; llamaswap has no such key",
     "metricsMaxInMemory": "llamaswap keeps the last 1000 requests in memory; "
@@ -143,7 +143,6 @@ class _Value:
     key: str
     item: Item
     path: Path  # where its comments come from
-    above: tuple[str, ...] = ()  # comment lines to write above it, after the YAML's own
 
 
 @attrs.frozen
@@ -301,7 +300,7 @@ class _Translator:
         """Write values first, then sub-tables (TOML's order), each with its comments."""
         for entry in entries:
             if isinstance(entry, _Value):
-                self._comment(table, [*self._leading(entry.path), *entry.above])
+                self._comment(table, self._leading(entry.path))
                 trailing = self._trailing(entry.path)
                 if trailing:
                     entry.item.comment(trailing)
