@@ -333,9 +333,9 @@ class Forwarder:
                 await reply.body(anthropic.error_event(status, str(error)), more=False)
             else:
                 await reply.body(b"data: " + body + b"\n\n", more=False)
-        else:
-            # Nothing left to say it with: break the connection so the client knows.
-            raise error
+        # Otherwise there is nothing left to say it with. Returning with the body short
+        # of its end makes hypercorn close the connection: the client sees the answer
+        # fall short (raising would do the same, with a traceback in the log).
 
     async def _handle(
         self, route: Route, scope: HTTPScope, body: _Body, reply: _Reply, exchange: Exchange

@@ -6,11 +6,16 @@ import base64
 import json
 from collections.abc import AsyncIterator
 
+import h11
+import httpx
+import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import open_raw_request, running
+from tests.e2e.test_operations import activity_of, wait_for_request
 from tests.e2e.test_proxy import chat, config
+from tests.e2e.test_upstream_pool import Peer, start_server
 
 
 async def test_client_disconnect_mid_stream_reaches_the_model_server(
@@ -251,3 +256,49 @@ async def test_a_websocket_upgrade_is_refused_with_a_json_error(
         )
     assert "Traceback" not in proxy.output.text()
     assert "loading model" not in proxy.output.text()
+
+
+async def half_an_answer(peer: Peer, index: int) -> None:
+    """A model server that answers with half a body: the rest never comes, and the
+    connection ends at once (on the path ``/cut``) or when the proxy closes it."""
+    request = await peer.request()
+    assert request is not None
+    await peer.send(h11.Response(status_code=200, headers=[(b"content-length", b"100")]))
+    await peer.stream.send_all(b'{"choices": [')
+    if not request[0].target.startswith(b"/cut/"):
+        assert await peer.stream.receive_some() == b""  # the proxy closed it
+
+
+@pytest.mark.parametrize("ending", ["model server breaks off", "operator cancels"])
+async def test_an_answer_cut_short_breaks_the_connection_without_a_traceback(
+    proxy_factory: StartProxy, nursery: trio.Nursery, ending: str
+) -> None:
+    """A response that is not an event stream has no way to carry an error once it has
+    started: the client's connection is closed (it sees the body fall short), the
+    request is recorded with the error, and the proxy logs one line, not a traceback."""
+    server = await start_server(nursery, half_an_answer)
+    prefix = "/cut" if ending == "model server breaks off" else ""
+    proxy = await proxy_factory(
+        config(
+            f'[models.half]\ncmd = "${{fake}}"\nproxy = "{server.url}{prefix}"\n'
+            'checkEndpoint = "none"'  # the script is the server; the process just runs
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            async with client.stream("POST", "/v1/chat/completions", json=chat("half")) as answer:
+                assert answer.status_code == 200
+                assert answer.headers["content-length"] == "100"
+                if ending == "operator cancels":
+                    entry = await wait_for_request(client, "half", "serving")
+                    cancel = await client.post(f"/api/inflight/{entry['id']}/cancel")
+                    assert cancel.json() == {"cancelled": entry["id"], "state": "serving"}
+                with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
+                    await answer.aread()
+            record = await activity_of(client, "half")
+            assert (await client.get("/v1/models")).status_code == 200  # still serving
+    expected = "broke off mid-response" if prefix else "cancelled by an operator"
+    assert expected in record["error"]
+    assert record["status"] == 200  # the status already sent
+    assert f"POST /v1/chat/completions: {record['error']}" in proxy.output.text()
+    assert "Traceback" not in proxy.output.text()
