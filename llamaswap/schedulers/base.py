@@ -101,9 +101,11 @@ class Swapper(Protocol):
     ) -> frozenset[str]:
         """The models in ``running`` that must stop before ``target`` can run.
 
-        ``busy`` are the running models with requests in flight: they are never evicted
-        before they drain, so a policy with a choice should prefer not to need them
-        stopped (``matrix`` does; ``group`` has no choice to make and ignores it).
+        ``busy`` are the running models that could not stop without a wait: those with
+        requests in flight (never evicted before they drain) and those being loaded (a
+        swap that evicts one waits for its load to end). A policy with a choice should
+        prefer not to need them stopped (``matrix`` does; ``group`` has no choice to make
+        and ignores it).
         """
 
 

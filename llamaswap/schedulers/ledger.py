@@ -162,9 +162,10 @@ class Ledger:
         return running
 
     def evictions(self, target: str, running: set[str] | None = None) -> frozenset[str]:
-        """What the swapper would stop for ``target`` to run now (told which are busy)."""
+        """What the swapper would stop for ``target`` to run now, told which of the others
+        it would have to wait for: those serving requests, and those being loaded."""
         others = (self.running() if running is None else running) - {target}
-        busy = frozenset(model for model in others if self.busy(model))
+        busy = frozenset(model for model in others if model in self.swaps or self.busy(model))
         return self.swapper.eviction_for(target, others, busy)
 
     def plan(self, target: str) -> Plan:

@@ -328,3 +328,24 @@ def test_matrix_waits_when_every_set_evicts_a_busy_model_then_picks_again() -> N
     assert fx.last_swap().evict == {"c"}
     fx.complete(s, fx.last_swap())
     assert fx.granted == [on_b, on_c, waiting]
+
+
+def test_matrix_loads_beside_a_model_being_loaded_when_another_set_fits() -> None:
+    fx = FakeWorld()
+    fx.states.update(b=READY)
+    costly_b = MatrixConfig(
+        vars=B_C_OR_A_WITH_ONE.vars, evict_costs={"b": 5}, sets=B_C_OR_A_WITH_ONE.sets
+    )
+    s = Driven(FifoScheduler(fx, MatrixSwapper(costly_b), limits={}), fx)
+    s.on_request(on_c := ticket("c", 1))
+    c_load = fx.last_swap()
+    assert (c_load.target, c_load.evict) == ("c", frozenset())  # b and c fit together
+    s.on_request(on_a := ticket("a", 2))
+    # Evicting c would be cheaper, but c is loading: a swap that stopped it would wait for
+    # that load. Evicting idle b instead, a loads at once, beside c's load.
+    a_load = fx.last_swap()
+    assert (a_load.target, a_load.evict) == ("a", frozenset({"b"}))
+    assert on_a.state is TicketState.LOADING
+    fx.complete(s, c_load)
+    fx.complete(s, a_load)
+    assert fx.granted == [on_c, on_a]

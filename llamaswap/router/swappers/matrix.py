@@ -11,10 +11,11 @@ The rule. To load a target:
 * the candidates are the combinations that contain it, in definition order;
 * a candidate evicts the running models outside it; its cost is the sum of their
   ``evict_costs`` (by var; 1 where none is given);
-* candidates that evict no *busy* model (one with requests in flight) win over those that
-  do: a busy model cannot stop before it drains (SPEC §6), so a dearer set needing no wait
-  beats a cheaper one that would hold the request up. Only when every candidate evicts a
-  busy model is the cheapest of them chosen, and the scheduler waits for it to drain;
+* candidates that evict no *busy* model (one with requests in flight, or being loaded) win
+  over those that do: a busy model cannot stop before it drains (SPEC §6) or its load ends,
+  so a dearer set needing no wait beats a cheaper one that would hold the request up. Only
+  when every candidate evicts a busy model is the cheapest of them chosen, and the
+  scheduler waits for it;
 * among those, the lowest cost wins; ties go to the first defined.
 
 A model in no combination runs alone: everything else running is evicted.
