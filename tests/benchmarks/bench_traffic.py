@@ -22,12 +22,14 @@ Rows:
   measured, which hides that after-answer work (see docs/performance.md);
 * concurrency 8: requests/s and p50 (``wrk`` if installed, else 8 client threads);
 * a 200 KB and a 2 MB chat body: added time (p50) and CPU per request;
+* an 850 KB embeddings answer (40 inputs), whose ``usage`` comes at its end: the same;
 * a stream of 5 000 SSE chunks sent as fast as the upstream can: chunks/s;
 * RSS idle, and per request waiting in the queue (1 000 waiting behind a busy model).
 
-In the small-request rows two more columns show the floor under llamaswap on its stack
+In the small-request rows more columns show the floor under llamaswap on its stack
 (``floor_app.py``): hypercorn answering a constant, and a minimal forwarder on llamaswap's
-upstream pool with nothing else.
+upstream pool with nothing else; and the same forwarder on a bare Trio + h11 server loop,
+to show what hypercorn itself costs.
 """
 
 from __future__ import annotations
@@ -206,13 +208,18 @@ class Target:
 
 
 def timed_blocks(
-    targets: list[Target], key: str, body: bytes, blocks: int, per_block: int
+    targets: list[Target],
+    key: str,
+    body: bytes,
+    blocks: int,
+    per_block: int,
+    path: str = "/v1/chat/completions",
 ) -> None:
     """Each target in turn (order rotating), ``per_block`` back-to-back requests per block."""
     clients = {t.name: Client(t.url) for t in targets}
     for target in targets:  # warm the connection, the upstream pool, the caches
         for _ in range(min(per_block, 50)):
-            assert clients[target.name].post(body) == 200
+            assert clients[target.name].request("POST", path, body) == 200
     for block in range(blocks):
         shift = block % len(targets)
         for target in targets[shift:] + targets[:shift]:
@@ -220,7 +227,7 @@ def timed_blocks(
             with target.counting(per_block):
                 for _ in range(per_block):
                     started = time.perf_counter()
-                    assert client.post(body) == 200
+                    assert client.request("POST", path, body) == 200
                     samples.append(time.perf_counter() - started)
     for client in clients.values():
         client.close()
@@ -353,9 +360,14 @@ async def start_nginx(stack: AsyncExitStack, upstream: str) -> Target | None:
 
 async def start_floors(stack: AsyncExitStack, upstream: str) -> list[Target]:
     """hypercorn alone (a constant answer) and a minimal forwarder to ``upstream`` through
-    llamaswap's upstream pool: the floor under llamaswap on its stack (floor_app.py)."""
+    llamaswap's upstream pool: the floor under llamaswap on its stack; and that forwarder
+    on a bare Trio + h11 server loop instead of hypercorn (floor_app.py)."""
     floors = []
-    for name, args in (("hypercorn alone", ["constant"]), ("minimal forwarder", ["forward"])):
+    for name, args in (
+        ("hypercorn alone", ["constant"]),
+        ("minimal forwarder", ["forward"]),
+        ("forwarder without hypercorn", ["forward-h11"]),
+    ):
         port = free_port_base(1)
         command = [sys.executable, str(REPO / "tests/benchmarks/floor_app.py"), "--port"]
         command += [str(port), *args, upstream]
@@ -486,6 +498,12 @@ async def run(other: Path | None, quick: bool) -> None:
             await trio.to_thread.run_sync(timed_blocks, targets, label, chat(size), *count)
             table.append(row(f"{label} chat body, p50 (added)", added(label, 0.5)))
             table.append(row(f"{label} chat body, CPU per request", cpu()))
+        embed = json.dumps({"model": "fast", "input": ["hello"] * 40}).encode()
+        count = (3, 10) if quick else (10, 20)
+        path = "/v1/embeddings"
+        await trio.to_thread.run_sync(timed_blocks, targets, "embed", embed, *count, path)
+        table.append(row("850 KB embeddings answer, p50 (added)", added("embed", 0.5)))
+        table.append(row("850 KB embeddings answer, CPU per request", cpu()))
         chunks = 5000
         rates = await trio.to_thread.run_sync(stream_rate, targets, chunks, 3 if quick else 7)
         label = f"stream of {chunks} chunks, chunks/s (share)"

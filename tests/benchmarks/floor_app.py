@@ -2,6 +2,7 @@
 
     python tests/benchmarks/floor_app.py --port P constant
     python tests/benchmarks/floor_app.py --port P forward URL
+    python tests/benchmarks/floor_app.py --port P forward-h11 URL
 
 Plain ASGI apps on hypercorn's trio worker, configured as llamaswap configures it:
 
@@ -10,15 +11,25 @@ Plain ASGI apps on hypercorn's trio worker, configured as llamaswap configures i
 * ``forward`` sends every request to ``URL`` through llamaswap's own ``UpstreamPool`` and
   relays the answer, with nothing else: no routing, scheduling, disconnect watcher, usage,
   record or metrics. What is left between it and llamaswap is llamaswap's own work.
+
+and, for comparison, the same forwarder without hypercorn:
+
+* ``forward-h11`` is ``forward`` on a bare server loop (Trio streams and h11, one task per
+  connection, keep-alive, nothing else): what the forwarding path would cost if a lean
+  server replaced hypercorn there, as the upstream pool replaced httpx on the client side.
+  A measuring device, not a server: no timeouts, limits or error answers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import h11
 import hypercorn.config
 import hypercorn.trio
 import trio
@@ -66,7 +77,41 @@ def app(pool: UpstreamPool | None, upstream: str) -> Any:
     return serve
 
 
+async def serve_h11(pool: UpstreamPool, upstream: str, stream: trio.SocketStream) -> None:
+    """One client connection of ``forward-h11``: requests in turn, each forwarded."""
+    connection = h11.Connection(h11.SERVER)
+
+    async def next_event() -> Any:
+        while (event := connection.next_event()) is h11.NEED_DATA:
+            connection.receive_data(await stream.receive_some(65536))
+        return event
+
+    with contextlib.suppress(trio.BrokenResourceError):  # a client hanging up (wrk)
+        while isinstance(request := await next_event(), h11.Request):
+            body = b""
+            while isinstance(event := await next_event(), h11.Data):
+                body += event.data
+            forwarded = [(k, v) for k, v in request.headers if k not in (b"host", b"connection")]
+            target = request.target.decode("latin-1")
+            async with pool.request("POST", upstream, target, forwarded, body) as response:
+                headers = [(k, v) for k, v in response.headers if k not in _OURS]
+                out = connection.send(h11.Response(status_code=response.status, headers=headers))
+                if any(k == b"content-length" for k, _ in headers):
+                    out += connection.send(h11.Data(data=await response.read()))
+                    await stream.send_all(out + connection.send(h11.EndOfMessage()))
+                else:
+                    await stream.send_all(out)
+                    async for data in response.chunks():
+                        await stream.send_all(connection.send(h11.Data(data=data)))
+                    await stream.send_all(connection.send(h11.EndOfMessage()))
+            connection.start_next_cycle()
+
+
 async def main(port: int, mode: str, upstream: str) -> None:
+    if mode == "forward-h11":
+        async with UpstreamPool() as pool:
+            await trio.serve_tcp(partial(serve_h11, pool, upstream), port, host="127.0.0.1")
+        return
     settings = hypercorn.config.Config()
     settings.bind = [f"127.0.0.1:{port}"]
     settings.accesslog = None
@@ -78,7 +123,7 @@ async def main(port: int, mode: str, upstream: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("mode", choices=["constant", "forward"])
+    parser.add_argument("mode", choices=["constant", "forward", "forward-h11"])
     parser.add_argument("upstream", nargs="?", default="")
     args = parser.parse_args()
     trio.run(main, args.port, args.mode, args.upstream)

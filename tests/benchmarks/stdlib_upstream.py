@@ -11,13 +11,16 @@ proxy's own server side.
 * ``POST /v1/chat/completions``: reads the whole body (of any size), then answers a small
   JSON completion with ``usage``; with ``"stream": true``, ``max_tokens`` SSE chunks,
   each in its own socket write (as llama-server sends each token) as fast as the socket
-  takes them, then a chunk with ``usage`` and ``data: [DONE]``.
+  takes them, then a chunk with ``usage`` and ``data: [DONE]``;
+* ``POST /v1/embeddings``: whatever the request, 40 embeddings of 1024 numbers (about
+  850 KB of JSON) and ``usage`` at the end, as a batch of a RAG indexing job gets.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ANSWER = json.dumps(
@@ -33,6 +36,23 @@ ANSWER = json.dumps(
             }
         ],
         "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13},
+    }
+).encode()
+
+_numbers = random.Random(0)
+EMBEDDINGS = json.dumps(
+    {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": [_numbers.uniform(-1, 1) for _ in range(1024)],
+            }
+            for i in range(40)
+        ],
+        "model": "m",
+        "usage": {"prompt_tokens": 400, "total_tokens": 400},
     }
 ).encode()
 
@@ -57,6 +77,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path == "/v1/embeddings":
+            self._answer(200, EMBEDDINGS)
+            return
         if b'"stream":true' not in body.replace(b" ", b"")[:4096]:
             self._answer(200, ANSWER)
             return

@@ -6,10 +6,12 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llamaswap.fake_server._content import Completion
 from llamaswap.observability import UsageTap
-from llamaswap.observability.usage import Usage
+from llamaswap.observability.usage import Usage, _report
 
 TIMINGS = {"prompt_n": 9, "prompt_ms": 12.0, "prompt_per_second": 750.0,
            "predicted_n": 4, "predicted_ms": 100.0, "predicted_per_second": 40.0}  # fmt: skip
@@ -66,6 +68,47 @@ def test_no_timings_no_speeds() -> None:
     assert tapped("application/json", b'{"usage": {"prompt_tokens": 2}}') == Usage(2, None)
     assert tapped("application/json", b'{"timings": "soon"}') == Usage()
     assert tapped("text/plain", json.dumps({"timings": TIMINGS}).encode()) == Usage()
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["usage", "timings"]) | st.text(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(_JSON_VALUES)
+def test_usage_and_timings_are_what_json_loads_finds(document: object) -> None:
+    body = json.dumps(document).encode()  # NaN and Infinity included, as servers may send
+    expected = json.loads(body)
+    if not isinstance(expected, dict):
+        expected = {}
+    report = _report(body)
+    assert repr(report.usage) == repr(expected.get("usage"))
+    assert repr(report.timings) == repr(expected.get("timings"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"usage": {"prompt_tokens": 2, "completion_tokens": 1}, "x": NaN}',  # not msgspec's JSON
+        '{"usage": {"prompt_tokens": 2, "completion_tokens": 1}}'.encode("utf-16"),
+        b'{"usage": {"prompt_tokens": 9}, "usage": {"prompt_tokens": 2, "completion_tokens": 1}}',
+    ],
+    ids=["NaN", "UTF-16", "the last of two"],
+)
+def test_counts_are_read_as_json_loads_reads_them(body: bytes) -> None:
+    assert tapped("application/json", body) == Usage(2, 1)
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b"[1, 2]", b"{", b""])
+def test_an_answer_that_is_not_a_json_object_reports_nothing(body: bytes) -> None:
+    # Too deep for either parser: nothing, rather than an error that loses the record.
+    assert tapped("application/json", body) == Usage()
+    assert tapped("text/event-stream", b'data: {"usage": ' + body + b"}\n\n") == Usage()
 
 
 def completion(*, stream: bool, include_usage: bool) -> Completion:
