@@ -92,7 +92,7 @@ class FakeSpawner:
         self.script = script or Script()
         self.processes: list[FakeProcess] = []
         self.commands: list[tuple[str, ...]] = []
-        self.fail_with: OSError | None = None
+        self.fail_with: OSError | ValueError | None = None
         self._nursery = nursery
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeProcess:

@@ -69,8 +69,13 @@ def format_path(parts: Sequence[Part]) -> str:
     return out
 
 
+#: What TOML writes as an escape in a quoted key: control characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _quote(key: str) -> str:
     escaped = key.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = _CONTROL.sub(lambda match: f"\\u{ord(match[0]):04X}", escaped)
     return f'"{escaped}"'
 
 

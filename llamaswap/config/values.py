@@ -245,6 +245,10 @@ def _parse_duration_text(value: str) -> float:
     return total
 
 
+_NUL = "\0"
+_NO_NUL = "the operating system cannot pass one to a program"
+
+
 def parse_command(value: object) -> tuple[str, ...]:
     """A command line as an argument tuple, from a string or an array of strings.
 
@@ -253,8 +257,8 @@ def parse_command(value: object) -> tuple[str, ...]:
     character is ``#`` are comments, and a backslash at the end of a line joins the next line.
 
     Raises:
-        InvalidValue: not a string or an array of strings, unbalanced quotes, empty, or
-            longer than :data:`MAX_COMMAND_LENGTH` characters.
+        InvalidValue: not a string or an array of strings, unbalanced quotes, empty, a NUL
+            character, or longer than :data:`MAX_COMMAND_LENGTH` characters.
     """
     if isinstance(value, str):
         _check_command_length(len(value))
@@ -275,6 +279,8 @@ def parse_command(value: object) -> tuple[str, ...]:
         )
     if not args or not args[0]:
         raise InvalidValue("the command is empty; give the program to run and its arguments")
+    if any(_NUL in arg for arg in args):
+        raise InvalidValue(f"contains a NUL character ({_NUL!r}): {_NO_NUL}")
     return args
 
 
@@ -312,8 +318,10 @@ def parse_env(value: object) -> dict[str, str]:
         for name, item in value.items():
             if not isinstance(item, str):
                 problems.append(((name,), f"expected a string, got {describe(item)}"))
-            elif not name or "=" in name:
+            elif not name or "=" in name or _NUL in name:
                 problems.append(((name,), f"invalid environment variable name {name!r}"))
+            elif _NUL in item:
+                problems.append(((name,), f"contains a NUL character ({_NUL!r}): {_NO_NUL}"))
             else:
                 env[name] = str(item)
     elif isinstance(value, list):
@@ -322,8 +330,10 @@ def parse_env(value: object) -> dict[str, str]:
                 problems.append(((index,), f'expected "NAME=value", got {describe(item)}'))
                 continue
             name, sep, text = item.partition("=")
-            if not sep or not name.strip():
+            if not sep or not name.strip() or _NUL in name:
                 problems.append(((index,), f'expected "NAME=value", got {item!r}'))
+            elif _NUL in text:
+                problems.append(((index,), f"contains a NUL character ({_NUL!r}): {_NO_NUL}"))
             elif name in env:
                 problems.append(((index,), f"variable {name!r} is set twice"))
             else:

@@ -48,6 +48,7 @@ class Spawner(Protocol):
 
         Raises:
             OSError: the program could not be executed (not found, not executable).
+            ValueError: an argument or variable the OS cannot take (a NUL character).
             LifelineError: llamaswap could not register the process with its lifeline
                 guard (llamaswap's own failure; the program never ran).
         """

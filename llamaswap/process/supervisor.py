@@ -299,8 +299,8 @@ class ModelSupervisor:
             return None
         try:
             process = await self._spawner.spawn(self.config.cmd, self._env)
-        except OSError as exc:
-            reason = f"cannot run {self.config.cmd[0]!r}: {exc.strerror or exc}"
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte, which exec cannot take
+            reason = f"cannot run {self.config.cmd[0]!r}: {getattr(exc, 'strerror', None) or exc}"
             self._fail(run, ModelStartFailed(self.model_id, reason))
             return None
         except LifelineError as exc:

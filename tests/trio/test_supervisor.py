@@ -146,12 +146,23 @@ async def test_exit_while_starting_fails_at_once(
     assert spawner.last.signals == []
 
 
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (FileNotFoundError(2, "No such file or directory"), "No such file or directory"),
+        (ValueError("embedded null byte"), "embedded null byte"),  # what subprocess raises
+    ],
+)
 async def test_unrunnable_command_fails(
-    autojump_clock: trio.testing.MockClock, make: Factory, spawner: FakeSpawner
+    autojump_clock: trio.testing.MockClock,
+    make: Factory,
+    spawner: FakeSpawner,
+    error: OSError | ValueError,
+    reason: str,
 ) -> None:
-    spawner.fail_with = FileNotFoundError(2, "No such file or directory")
+    spawner.fail_with = error
     supervisor = await make()
-    with pytest.raises(ModelStartFailed, match="cannot run 'server': No such file or directory"):
+    with pytest.raises(ModelStartFailed, match=f"cannot run 'server': {reason}"):
         await supervisor.ensure_ready()
     assert supervisor.state is S.STOPPED
 

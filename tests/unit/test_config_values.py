@@ -171,6 +171,32 @@ def test_env_table_values_must_be_strings() -> None:
     assert found == {"models.m.env.FOO": "expected a string, got 1"}
 
 
+NUL = "contains a NUL character ('\\x00'): the operating system cannot pass one to a program"
+
+
+def test_a_nul_character_in_what_reaches_a_program_is_a_config_problem() -> None:
+    # A TOML escape, or a macro that expands to one: exec would refuse it at the first load.
+    text = """
+[macros]
+z = "\\u0000"
+[models.m]
+cmd = "s\\u0000 --port ${PORT}"
+cmdStop = ["kill", "${z}"]
+env = { A = "b${z}", "X\\u0000" = "y" }
+[models.n]
+cmd = "s --port ${PORT}"
+env = ["A=\\u0000", "B\\u0000=1"]
+"""
+    assert problems_of(text) == {
+        "models.m.cmd": NUL,
+        "models.m.cmdStop": NUL,
+        "models.m.env.A": NUL,
+        'models.m.env."X\\u0000"': "invalid environment variable name 'X\\x00'",
+        "models.n.env[0]": NUL,
+        "models.n.env[1]": "expected \"NAME=value\", got 'B\\x00=1'",
+    }
+
+
 def test_env_of_the_wrong_type() -> None:
     found = problems_of('[models.m]\ncmd = "s --port ${PORT}"\nenv = "A=1"\n')
     assert found == {
