@@ -120,8 +120,8 @@ def _counts(usage: Any) -> tuple[int | None, int | None] | None:
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
     return (
-        prompt if _is_int(prompt) else None,
-        completion if _is_int(completion) else None,
+        prompt if _is_count(prompt) else None,
+        completion if _is_count(completion) else None,
     )
 
 
@@ -131,8 +131,14 @@ def _speeds(timings: Any) -> tuple[float | None, float | None] | None:
     return _rate(timings.get("prompt_per_second")), _rate(timings.get("predicted_per_second"))
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+#: Token counts beyond this are nonsense, and would not survive the metrics, the activity
+#: store (SQLite integers are 64-bit) or the dashboard (JavaScript numbers) exactly.
+_MAX_COUNT = 2**53
+
+
+def _is_count(value: object) -> bool:
+    """A token count: an integer (not a boolean), 0 or more (JSON may say anything)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT
 
 
 def _rate(value: object) -> float | None:

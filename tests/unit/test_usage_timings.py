@@ -64,6 +64,13 @@ def test_speeds_that_are_not_finite_non_negative_numbers_are_none(bad: object) -
     assert usage == Usage(None, None, None, 12.0)
 
 
+@pytest.mark.parametrize("bad", [-5, 2**53, 10**30, True, 1.5, "3"])
+def test_counts_that_are_not_plausible_token_counts_are_none(bad: object) -> None:
+    # A negative count would make the metrics raise, a huge one overflow the store.
+    usage = {"prompt_tokens": bad, "completion_tokens": 4}
+    assert tapped("application/json", json.dumps({"usage": usage}).encode()) == Usage(None, 4)
+
+
 def test_no_timings_no_speeds() -> None:
     assert tapped("application/json", b'{"usage": {"prompt_tokens": 2}}') == Usage(2, None)
     assert tapped("application/json", b'{"timings": "soon"}') == Usage()
