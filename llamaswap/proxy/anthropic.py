@@ -302,6 +302,11 @@ def _object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _list(value: object) -> list[Any]:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def _tool_id() -> str:
     return f"toolu_{uuid.uuid4().hex}"
 
@@ -316,7 +321,7 @@ def _tool_input(arguments: object, name: object) -> dict[str, Any]:
         return arguments
     try:
         value = json.loads(arguments) if isinstance(arguments, str) and arguments else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         value = None
     if not isinstance(value, dict):
         raise ValueError(
@@ -345,7 +350,7 @@ def message_response(chat: object, translation: Translation) -> dict[str, Any]:
         )
     if isinstance(message.get("content"), str) and message["content"]:
         content.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or []:
+    for call in _list(message.get("tool_calls")):
         call = _object(call)
         function = _object(call.get("function"))
         content.append(
@@ -437,7 +442,7 @@ class MessageStream:
             return b""
         try:
             chunk = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return b""  # not an event this translation knows
         if not isinstance(chunk, dict):
             return b""
@@ -450,7 +455,7 @@ class MessageStream:
         out = bytearray(self._start(chunk.get("id")))
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
+        for choice in _list(chunk.get("choices")):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             out += self._delta(_object(choice.get("delta")))
@@ -487,7 +492,7 @@ class MessageStream:
                         block["signature"] = ""  # chat servers sign nothing
                     out += self._open_block(kind, block)
                 out += self._block_delta({"type": f"{kind}_delta", kind: piece})
-        for call in delta.get("tool_calls") or []:
+        for call in _list(delta.get("tool_calls")):
             call = _object(call)
             function = _object(call.get("function"))
             # A call's first delta has its id (some servers repeat it in every one); a new

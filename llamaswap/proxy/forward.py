@@ -520,7 +520,7 @@ class Forwarder:
             tap.feed(data)
             try:
                 document = anthropic.message_response(json.loads(data), translation)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # not JSON, too deep, not a chat answer
                 raise UpstreamError(exchange.model, f"cannot translate its answer: {exc}") from exc
             await reply.start(200, headers)
             await reply.body(json.dumps(document).encode(), more=False)

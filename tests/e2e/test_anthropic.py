@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import anthropic
+import h11
 import pytest
 import trio
 from anthropic.types import (
@@ -22,6 +23,7 @@ from anthropic.types import (
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import ProxyProcess, open_raw_request
 from tests.e2e.test_proxy import config
+from tests.e2e.test_upstream_pool import Peer, start_server
 
 MODELS = config(
     """
@@ -262,3 +264,41 @@ async def test_the_upstream_header_marks_relayed_responses_only(
             unrouted = await client.get("/no/such/route")
             assert unrouted.status_code == 404
             assert "x-llamaswap-upstream" not in unrouted.headers
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_an_answer_too_deep_to_translate_is_a_502_or_an_error_event(
+    proxy_factory: StartProxy, nursery: trio.Nursery, stream: bool
+) -> None:
+    """A model server whose answer is valid JSON, but nested deeper than Python parses."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    answer = b"data: " + deep + b"\n\n" if stream else deep
+    kind = b"text/event-stream" if stream else b"application/json"
+
+    async def script(peer: Peer, index: int) -> None:
+        assert await peer.request() is not None
+        headers = [(b"content-type", kind), (b"content-length", str(len(answer)).encode())]
+        await peer.send(h11.Response(status_code=200, headers=headers), h11.Data(data=answer))
+        await peer.send(h11.EndOfMessage())
+
+    server = await start_server(nursery, script)
+    proxy = await proxy_factory(
+        config(
+            f'[models.deep]\ncmd = "${{fake}}"\nproxy = "{server.url}"\n'
+            'checkEndpoint = "none"\nanthropic = "translate"'  # the script is the server
+        )
+    )
+    body = {"model": "deep", "max_tokens": 5, "messages": ASK, "stream": stream}
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            response = await client.post("/v1/messages", json=body)
+    if stream:  # no text came: a whole, empty message
+        assert response.status_code == 200
+        names = [line for line in response.text.split("\n") if line.startswith("event: ")]
+        assert (names[0], names[-1]) == ("event: message_start", "event: message_stop")
+    else:
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["code"] == "upstream_error"
+        assert "cannot translate its answer: maximum recursion depth" in error["message"]
+    assert "Traceback" not in proxy.output.text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -422,6 +423,70 @@ def test_an_error_in_the_stream_ends_it_with_an_error_event() -> None:
         "error": {"type": "api_error", "message": "out of memory"},
     }
     assert events(error_event(429, "busy"))[0][1]["error"]["type"] == "rate_limit_error"
+
+
+#: A JSON value of each kind, to put where a model server's answer has something else.
+_KINDS: list[object] = [None, True, 5, -1.5, "x", [], {}, [5], {"x": 5}]
+
+
+def mutations(value: object) -> Iterator[object]:
+    """``value`` with one of its parts (itself included) replaced by each of ``_KINDS``."""
+    yield from _KINDS
+    if isinstance(value, dict):
+        for key, item in value.items():
+            for mutated in mutations(item):
+                yield {**value, key: mutated}
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            for mutated in mutations(item):
+                yield [*value[:index], mutated, *value[index + 1 :]]
+
+
+CALL = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": '{"a": 1}'}}
+FULL: dict[str, Any] = {
+    "role": "assistant",
+    "reasoning_content": "r",
+    "content": "t",
+    "tool_calls": [CALL],
+}
+
+
+def test_an_answer_of_any_shape_is_translated_or_refused_with_a_value_error() -> None:
+    # A model server may answer anything: the proxy turns a ValueError into a 502.
+    for chat in mutations(chat_answer(FULL, "tool_calls", stop_reason="END")):
+        try:
+            answer = message_response(chat, Translation("m", ("END",)))
+        except ValueError:
+            continue
+        assert answer["type"] == "message"
+        json.dumps(answer)
+
+
+def test_a_stream_of_any_shape_is_told_as_a_whole_message_or_ends_with_an_error() -> None:
+    chunks = [
+        delta(**FULL),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": "{}"}}]),
+        delta("tool_calls", stop_reason="END"),
+        USAGE,
+        {"error": {"code": 500, "message": "out of memory"}},
+    ]
+    for at, chunk in enumerate(chunks):
+        for mutated in mutations(chunk):
+            upstream = sse(*(json.dumps(c) for c in [*chunks[:at], mutated, *chunks[at + 1 :]]))
+            names = [name for name, _ in events(translate(upstream, Translation("m", ("END",))))]
+            assert names[-1] == "error" or (names[0], names[-1]) == (
+                "message_start",
+                "message_stop",
+            )
+
+
+def test_answers_too_deep_for_json_are_refused_or_skipped() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    call = {"function": {"name": "f", "arguments": deep}}
+    with pytest.raises(ValueError, match="arguments that are not a JSON object"):
+        message_response(chat_answer({"tool_calls": [call]}, "tool_calls"), Translation("m"))
+    out = translate(sse(delta(content="Hi"), deep), Translation("m"))
+    assert final_message(out).content[0].text == "Hi"  # type: ignore[union-attr]
 
 
 def test_an_empty_stream_still_makes_a_whole_message() -> None:
