@@ -46,7 +46,7 @@ from llamaswap.errors import (
 from llamaswap.observability import UsageTap
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
-from llamaswap.router.names import Local, Names, Peer
+from llamaswap.router.names import Names, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
@@ -353,7 +353,7 @@ class Forwarder:
         exchange.priority = parse_priority(_header_values(scope, PRIORITY_HEADER.encode()))
         if route.model_in is None:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
-            target, path = self._upstream_target(name, rest)
+            target, path = self._names.resolve_path(name, rest)
             if path == "/" and not scope["path"].endswith("/"):
                 await _redirect_to_slash(scope, reply)
                 return
@@ -422,18 +422,6 @@ class Forwarder:
         )
         async with self._router.acquire(exchange.lease, while_waiting=while_waiting):
             await self._forward(exchange, scope, upstream, body, reply)
-
-    def _upstream_target(self, name: str, rest: str) -> tuple[Local | Peer, str]:
-        """``/upstream/{model}/{path}``: model IDs may contain ``/``, so try each split."""
-        parts = f"{name}/{rest}".split("/")
-        for cut in range(len(parts), 0, -1):
-            candidate = "/".join(parts[:cut])
-            try:
-                target = self._names.resolve(candidate)
-            except RequestError:
-                continue
-            return target, "/" + "/".join(parts[cut:])
-        return self._names.resolve(name), "/" + rest
 
     async def _forward(
         self, exchange: Exchange, scope: HTTPScope, upstream: _Upstream, body: _Body, reply: _Reply

@@ -46,6 +46,10 @@ class Names:
         for name, targets in bare.items():
             if len(targets) == 1 and name not in self._local:
                 self._peers.setdefault(name, targets[0])
+        #: The most ``/``-separated segments any name has.
+        self._segments = max(
+            (name.count("/") + 1 for name in [*self._local, *self._peers]), default=1
+        )
 
     def resolve(self, name: str) -> Local | Peer:
         """Raises ``ModelNotFound`` for a name nothing answers to."""
@@ -55,6 +59,19 @@ class Names:
         peer = self._peers.get(name)
         if peer is not None:
             return peer
+        raise ModelNotFound(name)
+
+    def resolve_path(self, name: str, rest: str) -> tuple[Local | Peer, str]:
+        """``{name}/{rest}`` split into the model it starts with and the path after it
+        (``/upstream/{model}/{path}``). IDs may contain ``/``, so the longest name that
+        matches wins; no more segments are tried than a name has, so a path of thousands of
+        segments costs no more. Raises ``ModelNotFound`` (for ``name``) if none matches."""
+        parts = f"{name}/{rest}".split("/")
+        for cut in range(min(len(parts), self._segments), 0, -1):
+            try:
+                return self.resolve("/".join(parts[:cut])), "/" + "/".join(parts[cut:])
+            except ModelNotFound:
+                continue
         raise ModelNotFound(name)
 
     def peer_models(self) -> list[str]:

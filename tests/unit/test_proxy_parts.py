@@ -184,6 +184,24 @@ def test_names_resolve_ids_aliases_and_peers() -> None:
     assert isinstance(names.resolve("gpu3/shared"), Peer)
     assert names.peer_models() == ["gpu2/coder", "gpu2/embed", "gpu2/shared", "gpu3/shared"]
 
+    # /upstream/{model}/{path}: the longest name wins.
+    assert names.resolve_path("org", "chat/v1/models") == (Local("org/chat"), "/v1/models")
+    assert names.resolve_path("gpu2", "coder/") == (coder, "/")
+    assert names.resolve_path("embed", "") == (Local("embed"), "/")
+    with pytest.raises(ModelNotFound, match="'org'"):
+        names.resolve_path("org", "chats/x")
+    # A path of many segments is tried only as far as a name can reach (two segments here).
+    tried: list[str] = []
+
+    def resolve(name: str) -> Local | Peer:
+        tried.append(name)
+        raise ModelNotFound(name)
+
+    names.resolve = resolve  # type: ignore[method-assign]
+    with pytest.raises(ModelNotFound):
+        names.resolve_path("a", "b/" * 30_000)
+    assert tried == ["a/b", "a"]
+
 
 @pytest.mark.parametrize(
     ("error", "status", "code"),
