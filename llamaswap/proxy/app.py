@@ -17,6 +17,8 @@ from hypercorn.typing import (
     ASGIReceiveEvent,
     ASGISendCallable,
     ASGISendEvent,
+    HTTPResponseBodyEvent,
+    HTTPScope,
     Scope,
 )
 from quart import Response, request
@@ -125,7 +127,9 @@ class Application:
         if route is not None:
             await self.forwarder(route, scope, receive_body, send_answer)
         else:
-            await self.quart(scope, receive_body, send_answer)
+            edge = _QuartEdge(scope, receive_body, send_answer)
+            with edge.cancel_scope:
+                await self.quart(scope, edge.receive, edge.send)
         if stalled and not answered:
             status, headers, body = error_response(RequestTimeout(REQUEST_BODY_TIMEOUT))
             raw = [(k.encode(), v.encode()) for k, v in headers]
@@ -140,6 +144,81 @@ class Application:
                 }
             )
             await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+_END_OF_BODY: HTTPResponseBodyEvent = {
+    "type": "http.response.body",
+    "body": b"",
+    "more_body": False,
+}
+
+
+@final
+class _QuartEdge:
+    """Between hypercorn and the Quart-Trio app, for one request: where the two disagree.
+
+    quart-trio (0.12, ``quart_trio/asgi.py``) runs a view beside a task that reads the
+    request's messages, in one nursery, and cancels that nursery when the reader gets
+    ``http.disconnect``. hypercorn (0.18) queues that disconnect *inside* the send of a
+    response's last message: ending the response closes the stream
+    (``HTTPStream._send_closed`` → ``H11Protocol._maybe_recycle`` → ``_close_stream``),
+    and the same call then goes on to restart the connection's idle timer for the next
+    request, or to close the connection (``TCPServer._close``). The cancel landed in the
+    middle of that, so after a management answer the keep-alive timeout never ran again
+    and a connection that had to close (HTTP/1.0, ``Connection: close``, a body the view
+    did not wait for) stayed open until the client gave up. **The disconnect reaches
+    Quart only once the last send has returned.** (The proxied routes are not Quart: the
+    Forwarder never cancels a response it has finished.)
+
+    Two more: hypercorn's own task, closing a connection whose client left, sends the EOF
+    outside the lock its writes take (``TCPServer._close``), so the view's write on it
+    raises ``trio.BusyResourceError`` (seen after ``Expect: 100-continue``): the client
+    has gone, and the rest of the answer is dropped. And Quart sends a ``HEAD`` answer's
+    body like a ``GET``'s (hypercorn drops the bytes), so a streamed route's answer never
+    ended: **a HEAD answer ends with its headers**, and the view is cancelled.
+    """
+
+    def __init__(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self._head = scope["method"] == "HEAD"
+        self._sent_last: trio.Event | None = None  # exists from the start of the last send
+        self._over = False  # nothing more goes to the client
+        self.cancel_scope = trio.CancelScope()  # around the app: a HEAD answer cancels it
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message = await self._receive()
+        if message["type"] == "http.disconnect" and self._sent_last is not None:
+            await self._sent_last.wait()
+        return message
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if self._over:
+            return
+        if self._head and message["type"] == "http.response.start":
+            await self._send_last(message, _END_OF_BODY)
+            self.cancel_scope.cancel(reason="a HEAD answer ends with its headers")
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            await self._send_last(message)
+        else:
+            await self._forward(message)
+
+    async def _send_last(self, *messages: ASGISendEvent) -> None:
+        self._over = True
+        self._sent_last = trio.Event()
+        try:
+            for message in messages:
+                await self._forward(message)
+        finally:
+            self._sent_last.set()
+
+    async def _forward(self, message: ASGISendEvent) -> None:
+        try:
+            await self._send(message)
+        except trio.BusyResourceError:  # hypercorn is closing the connection: client gone
+            self._over = True
 
 
 def _json(document: Any) -> Response:
