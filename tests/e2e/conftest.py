@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,40 @@ async def proxy_factory(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[
     started: list[ProxyProcess] = []
 
     async def start(
-        config: str, *, log_level: str = "debug", args: Sequence[str] = ()
+        config: str,
+        *,
+        log_level: str = "debug",
+        args: Sequence[str] = (),
+        launch: Sequence[str] = ("-m", "llamaswap"),
     ) -> ProxyProcess:
-        proxy = await start_proxy(nursery, config, tmp_path, log_level=log_level, args=args)
+        proxy = await start_proxy(
+            nursery, config, tmp_path, log_level=log_level, args=args, launch=launch
+        )
         started.append(proxy)
         return proxy
 
     yield start
     for proxy in started:
         await stop_proxy(proxy)
+
+
+#: The client timeouts of ``short_bounds_proxy``'s proxies (75 s and 60 s for real).
+BOUND = 2.0
+_SHORT_BOUNDS = (
+    "-c",
+    "import sys\n"
+    "import llamaswap.config.model as model\n"
+    f"model.REQUEST_HEAD_TIMEOUT = model.REQUEST_BODY_TIMEOUT = {BOUND!r}\n"
+    "from llamaswap.cli import main\n"
+    "main(sys.argv[1:])\n",
+)
+
+
+@pytest.fixture
+def short_bounds_proxy(proxy_factory: StartProxy) -> StartProxy:
+    """Real proxies whose client timeouts (head, body, keep-alive) are ``BOUND``: the
+    ``llamaswap.config.model`` constants are patched before the server is imported."""
+    return partial(proxy_factory, launch=_SHORT_BOUNDS)
 
 
 @pytest.fixture(scope="session")

@@ -167,16 +167,18 @@ async def start_proxy(
     source: Path = REPO,
     env: Mapping[str, str] | None = None,
     args: Sequence[str] = (),
+    launch: Sequence[str] = ("-m", "llamaswap"),
 ) -> ProxyProcess:
     """Start ``python -m llamaswap`` (from ``source``) on ``config`` (TOML text), port 0.
 
-    ``env`` adds to (or overrides) its environment; ``args`` go on its command line. Its
+    ``env`` adds to (or overrides) its environment; ``args`` go on its command line;
+    ``launch`` replaces ``-m llamaswap`` (``-c CODE`` that ends by calling the CLI). Its
     output is collected by a task in ``nursery``; ``stop_proxy`` cleans up.
     """
     path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
     path.write_text(config)
     marker = uuid.uuid4().hex
-    argv = [sys.executable, "-m", "llamaswap", "--config", str(path), "--listen", "127.0.0.1:0"]
+    argv = [sys.executable, *launch, "--config", str(path), "--listen", "127.0.0.1:0"]
     argv += ["--log-level", log_level, *args]
     process = await trio.lowlevel.open_process(
         argv,

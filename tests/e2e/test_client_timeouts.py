@@ -11,66 +11,12 @@ assertions are lower bounds only, which a loaded machine can only make larger.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
-import pytest
 import trio
 
-from tests.e2e.harness import (
-    LISTENING,
-    REPO,
-    Output,
-    ProxyProcess,
-    child_env,
-    stop_proxy,
-)
+from tests.e2e.conftest import BOUND, StartProxy
+from tests.e2e.harness import ProxyProcess
 from tests.e2e.test_proxy import chat, config
-
-BOUND = 2.0
-LAUNCH = (
-    "import sys\n"
-    "import llamaswap.config.model as model\n"
-    f"model.REQUEST_HEAD_TIMEOUT = model.REQUEST_BODY_TIMEOUT = {BOUND!r}\n"
-    "from llamaswap.cli import main\n"
-    "main(sys.argv[1:])\n"
-)
-
-StartProxy = Callable[[str], Awaitable[ProxyProcess]]
-
-
-@pytest.fixture
-async def short_bounds_proxy(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[StartProxy]:
-    """Start real proxies whose client timeouts are ``BOUND``; stopped after the test."""
-    started: list[ProxyProcess] = []
-
-    async def start(text: str) -> ProxyProcess:
-        path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
-        path.write_text(text)
-        marker = uuid.uuid4().hex
-        argv = [sys.executable, "-c", LAUNCH, "--config", str(path), "--listen", "127.0.0.1:0"]
-        process = await trio.lowlevel.open_process(
-            [*argv, "--log-level", "debug"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=child_env(marker),
-            cwd=REPO,
-        )
-        output = Output()
-        assert process.stdout is not None
-        nursery.start_soon(output.collect, process.stdout)
-        proxy = ProxyProcess(process, "", output, marker, path)
-        started.append(proxy)
-        with trio.fail_after(20):
-            proxy.url = (await output.wait_for(LISTENING.pattern))["url"]
-        return proxy
-
-    yield start
-    for proxy in started:
-        await stop_proxy(proxy)
 
 
 async def connect(proxy: ProxyProcess) -> trio.SocketStream:

@@ -21,12 +21,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.e2e.conftest import StartProxy
+from tests.e2e.conftest import BOUND, StartProxy
 from tests.e2e.harness import ProxyProcess
-from tests.e2e.test_client_timeouts import BOUND, connect, read_to_end, short_bounds_proxy
+from tests.e2e.test_client_timeouts import connect, read_to_end
 from tests.e2e.test_proxy import config
-
-__all__ = ["short_bounds_proxy"]  # a fixture, used by name below
 
 ONE_MODEL = config('[models.m]\ncmd = "${fake}"')
 #: How long a connection that must close may take to close: far less than the 75 s
