@@ -23,6 +23,7 @@ from hypercorn.typing import (
 )
 from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
 
 from llamaswap.config.model import REQUEST_BODY_TIMEOUT
@@ -282,7 +283,9 @@ def create_app(
         message = f"{request.method} {request.path}: {(error.name or 'error').lower()}"
         error_body = {"message": message, "type": "invalid_request_error", "code": code}
         body = json.dumps({"error": {**error_body, "param": None}})
-        return Response(body, status=status, content_type="application/json")
+        headers = Headers(error.get_headers())  # a 405's Allow
+        headers.remove("content-type")
+        return Response(body, status=status, headers=headers, content_type="application/json")
 
     @quart.before_request
     async def check_key() -> None:

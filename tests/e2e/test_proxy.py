@@ -105,6 +105,11 @@ async def test_unknown_model_and_bad_bodies(proxy_factory: StartProxy) -> None:
         wrong_method = await client.get("/v1/chat/completions")
         assert wrong_method.status_code == 405
         assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+        assert wrong_method.headers["allow"] == "POST"
+        management = await client.delete("/v1/models")  # a Quart route: the same answer
+        assert management.status_code == 405
+        assert management.json()["error"]["code"] == "method_not_allowed"
+        assert set(management.headers["allow"].split(", ")) == {"GET", "HEAD", "OPTIONS"}
     assert "loading model" not in proxy.output.text()
 
 
