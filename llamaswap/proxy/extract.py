@@ -181,14 +181,22 @@ def _boundary(content_type: str) -> bytes:
     raise BadRequest("expected a multipart/form-data body with a boundary")
 
 
+#: The most fields and files a form may have, as werkzeug's own form parser allows: the
+#: proxy reads a form on the event loop, and 100 000 tiny fields took it 2 s.
+MAX_FORM_PARTS = 1000
+
+
 def _events(body: bytes, content_type: str) -> list[Any]:
     decoder = MultipartDecoder(_boundary(content_type), max_form_memory_size=None)
     decoder.receive_data(body)
     decoder.receive_data(None)
     events: list[Any] = []
+    parts = 0
     try:
         while not isinstance(event := decoder.next_event(), (Epilogue, NeedData)):
             events.append(event)
+            if isinstance(event, (Field, File)) and (parts := parts + 1) > MAX_FORM_PARTS:
+                raise BadRequest(f"the multipart form has more than {MAX_FORM_PARTS} parts")
     except ValueError as exc:
         raise BadRequest(f"the multipart form is malformed: {exc}") from exc
     return events

@@ -113,6 +113,20 @@ def test_a_document_too_deep_to_write_back_is_400() -> None:
         rewrite_body(ModelIn.JSON, payload, model="upstream-name")
 
 
+def test_a_form_of_more_than_a_thousand_parts_is_400() -> None:
+    def form(parts: int) -> bytes:
+        fields = [
+            f'--xyz\r\nContent-Disposition: form-data; name="f{i}"\r\n\r\nx\r\n'
+            for i in range(parts - 1)
+        ]
+        model = '--xyz\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
+        return ("".join(fields) + model + "--xyz--\r\n").encode()
+
+    assert read_model(ModelIn.MULTIPART, Payload(form(1000), FORM), b"") == "whisper"
+    with pytest.raises(BadRequest, match="the multipart form has more than 1000 parts"):
+        read_model(ModelIn.MULTIPART, Payload(form(1001), FORM), b"")
+
+
 def test_multipart_without_boundary_is_400() -> None:
     with pytest.raises(BadRequest, match="boundary"):
         read_model(ModelIn.MULTIPART, Payload(FORM_BODY, "multipart/form-data"), b"")
