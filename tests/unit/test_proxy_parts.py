@@ -28,6 +28,7 @@ from llamaswap.proxy.errors import error_response
 from llamaswap.proxy.extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from llamaswap.proxy.upstream import UpstreamFailed, _origin
 from llamaswap.router.names import Local, Names, Peer
+from tests.strategies import json_values
 
 FORM = "multipart/form-data; boundary=xyz"
 FORM_BODY = (
@@ -295,17 +296,12 @@ def test_set_params_by_id_applies_for_the_name_requested_after_set_params() -> N
     assert plain.json() == {"model": "chat:hot", "temperature": 0.7, "top_p": 0.9}
 
 
-_JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(["model", "stream"]) | st.text(), inner, max_size=4)
-    ),
-    max_leaves=20,
+@given(
+    st.dictionaries(
+        st.sampled_from(["model", "stream", "messages"]) | st.text(),
+        json_values("model", "stream"),
+    )
 )
-
-
-@given(st.dictionaries(st.sampled_from(["model", "stream", "messages"]) | st.text(), _JSON_VALUES))
 def test_any_json_object_gives_the_fields_json_loads_gives(document: dict[str, object]) -> None:
     body = json.dumps(document).encode()  # NaN and Infinity included, as clients may send
     payload = Payload(body, "application/json")

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from llamaswap.fake_server._content import Completion
 from llamaswap.observability import UsageTap
 from llamaswap.observability.usage import Usage, _report
+from tests.strategies import json_values
 
 TIMINGS = {"prompt_n": 9, "prompt_ms": 12.0, "prompt_per_second": 750.0,
            "predicted_n": 4, "predicted_ms": 100.0, "predicted_per_second": 40.0}  # fmt: skip
@@ -77,17 +77,7 @@ def test_no_timings_no_speeds() -> None:
     assert tapped("text/plain", json.dumps({"timings": TIMINGS}).encode()) == Usage()
 
 
-_JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(["usage", "timings"]) | st.text(), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
-
-
-@given(_JSON_VALUES)
+@given(json_values("usage", "timings"))
 def test_usage_and_timings_are_what_json_loads_finds(document: object) -> None:
     body = json.dumps(document).encode()  # NaN and Infinity included, as servers may send
     expected = json.loads(body)
