@@ -421,6 +421,10 @@ class Forwarder:
             route=f"{scope['method']} {scope['path']}",
         )
         async with self._router.acquire(exchange.lease, while_waiting=while_waiting):
+            # Where the model is now: a reload while the request waited may have moved it
+            # (a new port), and restarted it there.
+            model = self._config.models.get(target.model_id, model)
+            upstream = attrs.evolve(upstream, base=model.proxy, timeouts=model.timeouts)
             await self._forward(exchange, scope, upstream, body, reply)
 
     async def _forward(

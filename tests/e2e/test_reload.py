@@ -13,6 +13,7 @@ import trio
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import FAKE, free_port_base, running
 from tests.e2e.test_live import LiveStream
+from tests.e2e.test_operations import wait_for_request
 from tests.e2e.test_proxy import chat
 
 SIDE_BY_SIDE = """
@@ -203,3 +204,45 @@ async def test_watch_config_applies_a_saved_edit(proxy_factory: StartProxy) -> N
             ).status_code == 200
     print(f"--watch-config applied the edit {took:.2f} s after the rename")
     assert proxy.output.text().count("(file changed)") == 1  # one save, one reload
+
+
+async def test_a_request_waiting_across_a_reload_that_moves_its_model_goes_to_the_new_address(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """``a`` and ``moved`` never run together; ``moved`` waits while ``a`` streams, and a
+    reload moves it to another port (as a ``${PORT}`` shift does)."""
+    ports, old_port, new_port = free_port_base(), free_port_base(1), free_port_base(1)
+    slow = json.dumps(FAKE + " --tokens-per-second 20")
+
+    def models(port: int) -> str:
+        fake = json.dumps(FAKE.replace("${PORT}", str(port)))
+        return (
+            f"startPort = {ports}\n[models.a]\ncmd = {slow}\n"
+            f'[models.moved]\ncmd = {fake}\nproxy = "http://127.0.0.1:{port}"\n'
+        )
+
+    proxy = await proxy_factory(models(old_port))
+    answers: list[httpx.Response] = []
+    answered = trio.Event()
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            body = chat("a", stream=True, max_tokens=400)  # 20 s unless stopped
+            async with client.stream("POST", "/v1/chat/completions", json=body) as busy:
+                assert busy.status_code == 200
+
+                async def waiting() -> None:
+                    answers.append(await client.post("/v1/chat/completions", json=chat("moved")))
+                    answered.set()
+
+                nursery.start_soon(waiting)
+                await wait_for_request(client, "moved", "queued")
+                rewrite(proxy.config, models(new_port))
+                answer = await client.post("/api/config/reload")
+                assert answer.json()["changed"]["restarted"] == ["moved"], answer.text
+            # Hung up: 'a' stops, and 'moved' starts at its new address and answers.
+            await answered.wait()
+            moved = (await running(client))["moved"]
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "moved"
+    assert moved["proxy"] == f"http://127.0.0.1:{new_port}"
