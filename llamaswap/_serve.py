@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 from collections.abc import AsyncIterator
 from functools import partial
@@ -43,7 +44,6 @@ from llamaswap.observability import (
 from llamaswap.process import HttpProbe, LogRing, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
-from llamaswap.router.router import CANCEL_GRACE
 
 __all__ = ["serve"]
 
@@ -59,9 +59,12 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings.accesslog = None
     # Through our logging setup rather than hypercorn's own handler (no double lines).
     settings.errorlog = logging.getLogger("hypercorn.error")
-    # Past unloadTimeout the router cancels what still runs, each with a clear error:
-    # hypercorn must not cut those connections before the errors are out.
-    settings.graceful_timeout = config.unload_timeout + CANCEL_GRACE
+    # llamaswap's shutdown ends every connection itself, on its own bounds: requests get
+    # unloadTimeout, then are cancelled each with a clear error; the models get theirs
+    # before SIGKILL; the live streams then say so and end; and last, hypercorn is
+    # cancelled. hypercorn must cut nothing before that (a bound of its own cut the live
+    # streams before a model that ignores SIGTERM was stopped).
+    settings.graceful_timeout = math.inf
     # hypercorn's idle timer runs from the moment a connection opens (or its previous
     # response ends) until a complete request head has arrived, so it is both the keep-alive
     # timeout and the bound on a slow request head. It is stopped while a request is being

@@ -370,6 +370,45 @@ async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_st
     assert late.lifecycle() == [("model", "alpha", "stopping"), ("model", "alpha", "stopped")]
 
 
+async def test_at_shutdown_the_events_end_after_a_model_that_ignores_sigterm_stopped(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """Shutdown takes two ``unloadTimeout``s here (the request's grace, then SIGTERM to
+    SIGKILL): the events must outlast both, to the model's ``stopped``."""
+    proxy = await proxy_factory(
+        config(
+            '[models.stubborn]\ncmd = "${fake} --ignore-sigterm --tokens-per-second 20"',
+            unloadTimeout=2,
+        )
+    )
+    events = Events()
+
+    async def listen(*, task_status: trio.TaskStatus[None]) -> None:
+        stream = await LiveStream.open(proxy.url, "/api/events")
+        try:
+            task_status.started()
+            await events.read(stream)  # to its end: a cut connection fails the test
+        finally:
+            await stream.aclose()
+
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            await nursery.start(listen)
+            body = chat("stubborn", stream=True, max_tokens=1000)  # 50 s unless stopped
+            async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+                assert answer.status_code == 200
+                await events.wait_for(lambda e: e["type"] == "request" and e["state"] == "serving")
+                assert await proxy.terminate() == 0
+                text = (await answer.aread()).decode()
+            await events.wait_end()
+    assert text.rstrip().endswith('"code": "shutting_down", "param": null}}')
+    assert events.lifecycle()[-2:] == [
+        ("model", "stubborn", "stopping"),
+        ("model", "stubborn", "stopped"),
+    ]
+    assert "sending SIGKILL" in proxy.output.text()
+
+
 async def test_logs_mix_llamaswap_and_model_lines_and_streams_end_at_shutdown(
     proxy_factory: StartProxy, nursery: trio.Nursery
 ) -> None:
