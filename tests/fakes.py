@@ -190,7 +190,8 @@ class FakeWorld:
         self.decisions: list[Decision] = []
         self.granted: list[Ticket] = []
         self.failed: list[tuple[Ticket, RequestError]] = []
-        self.swaps: list[Swap] = []
+        self.swaps: list[Swap] = []  # every swap started
+        self.done: list[Swap] = []  # those ``complete`` ended
         self.cancelled: list[tuple[Swap, str]] = []
 
     def now(self) -> float:
@@ -204,6 +205,9 @@ class FakeWorld:
 
     def in_flight(self, model: str) -> int:
         return self.serving[model]
+
+    def swaps_in_progress(self) -> list[Swap]:
+        return [swap for swap in self.swaps if not any(swap is done for done in self.done)]
 
     def apply(self, decisions: list[Decision]) -> list[Decision]:
         for decision in decisions:
@@ -226,6 +230,7 @@ class FakeWorld:
         for model in swap.evict:
             self.states[model] = ModelState.STOPPED
         self.states[swap.target] = ModelState.STOPPED if error else ModelState.READY
+        self.done.append(swap)
         scheduler.on_swap_done(swap, error)
 
     def last_swap(self) -> Swap:

@@ -387,6 +387,9 @@ class Router:
     def in_flight(self, model: str) -> int:
         return self._leases.in_flight(model)
 
+    def swaps_in_progress(self) -> Collection[Swap]:
+        return self._swap_scopes.keys()
+
     # ------------------------------------------------------------- decisions
 
     def _schedulers(self) -> list[Scheduler]:
@@ -499,6 +502,8 @@ class Router:
             _, scheduler = self._swap_scopes.pop(swap)
             what, waiters = f"the load of {swap.target!r}", list(swap.waiters)
             self._decide(what, scheduler, scheduler.on_swap_done, swap, error, concerned=waiters)
+            if scheduler is not self.scheduler:  # a retired scheduler's load: it blocked
+                self._decide(what, self.scheduler, self.scheduler.on_swap_done, swap, error)
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
         for scheduler in self._schedulers():

@@ -122,6 +122,10 @@ class World(Protocol):
     def in_flight(self, model: str) -> int:
         """Granted requests of ``model`` not yet finished (the router's single count)."""
 
+    def swaps_in_progress(self) -> Collection[Swap]:
+        """Every swap started and not yet done, whichever scheduler started it (after a
+        reload switches schedulers, the old one's loads go on)."""
+
 
 @attrs.frozen
 class Grant:
@@ -204,7 +208,9 @@ class Scheduler(Protocol):
         counts it out."""
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
-        """A swap's task ended: its target is ready, or ``error`` says why not."""
+        """A swap's task ended: its target is ready, or ``error`` says why not. Also told
+        of a retired scheduler's swaps (after a reload switched schedulers), which may
+        have held this one's requests back."""
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         """A model's state changed (including crashes and TTL unloads)."""

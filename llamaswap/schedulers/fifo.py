@@ -77,10 +77,9 @@ class FifoScheduler:
         return self._ledger.take()
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
-        if self._ledger.finish_swap(swap, error):
-            if error is not None:
-                self._ledger.fail_queued(self._queue, {swap.target}, error)
-            self._drain()
+        if self._ledger.finish_swap(swap, error) and error is not None:
+            self._ledger.fail_queued(self._queue, {swap.target}, error)
+        self._drain()  # also after another scheduler's load, which held requests back
         return self._ledger.take()
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:

@@ -21,6 +21,7 @@ statistics — is written once.
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Protocol, final
 
@@ -95,6 +96,8 @@ class Ledger:
         #: another scheduler's after a reload switched them, changes nothing).
         self.admitted: dict[str, set[Ticket]] = {}
         self.swaps: dict[str, Swap] = {}
+        #: Every swap this ledger started, while anything still refers to it.
+        self._started: weakref.WeakSet[Swap] = weakref.WeakSet()
         self.dispatched: collections.Counter[str] = collections.Counter()
         self.closed: RequestError | None = None
         self._outbox: list[Decision] = []
@@ -155,17 +158,26 @@ class Ledger:
 
     # ----------------------------------------------------------------- swaps
 
+    def loads(self) -> list[Swap]:
+        """Every swap in progress: this ledger's, and any another scheduler started (one a
+        reload switched out keeps its loads going). Not this ledger's cancelled ones, whose
+        tasks may still be winding down: what they blocked goes on at once."""
+        loads = list(self.swaps.values())
+        loads += [swap for swap in self.world.swaps_in_progress() if swap not in self._started]
+        return loads
+
     def running(self) -> set[str]:
         """Models whose process is not stopped, plus the targets of swaps in progress."""
         running = set(self.world.running_models())
-        running.update(self.swaps)
+        running.update(swap.target for swap in self.loads())
         return running
 
     def evictions(self, target: str, running: set[str] | None = None) -> frozenset[str]:
         """What the swapper would stop for ``target`` to run now, told which of the others
         it would have to wait for: those serving requests, and those being loaded."""
         others = (self.running() if running is None else running) - {target}
-        busy = frozenset(model for model in others if model in self.swaps or self.busy(model))
+        loading = {swap.target for swap in self.loads()}
+        busy = frozenset(model for model in others if model in loading or self.busy(model))
         return self.swapper.eviction_for(target, others, busy)
 
     def plan(self, target: str) -> Plan:
@@ -178,9 +190,11 @@ class Ledger:
         )
 
     def _collides(self, target: str, evict: frozenset[str]) -> bool:
-        for swap in self.swaps.values():
+        for swap in self.loads():
             if swap.target == target:
-                continue
+                if self.swaps.get(target) is swap:
+                    continue  # our own load of it, which requests join
+                return True  # another scheduler's: wait for its end
             if target in swap.evict or swap.target in evict or not evict.isdisjoint(swap.evict):
                 return True
         return False
@@ -195,6 +209,7 @@ class Ledger:
             return False
         else:
             swap = Swap(ticket.model, plan.evict)
+            self._started.add(swap)
             self.swaps[ticket.model] = swap
             self._outbox.append(StartSwap(swap))
             self.join(ticket, swap)

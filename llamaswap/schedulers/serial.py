@@ -259,11 +259,12 @@ class SerialScheduler:
         return self._ledger.take()
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
-        if self._ledger.finish_swap(swap, error):
-            if error is not None:
-                self._ledger.fail_queued(self._lanes, {swap.target}, error)
-                self._holders = [t for t in self._holders if t.state is TicketState.SERVING]
-            self._fill_slots()  # more of the slots, for the model now ready
+        if self._ledger.finish_swap(swap, error) and error is not None:
+            self._ledger.fail_queued(self._lanes, {swap.target}, error)
+            self._holders = [t for t in self._holders if t.state is TicketState.SERVING]
+        # More of the slots, for the model now ready; or, after another scheduler's load
+        # (which held requests back), whatever may go now.
+        self._fill_slots()
         return self._ledger.take()
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:

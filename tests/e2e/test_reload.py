@@ -246,3 +246,39 @@ async def test_a_request_waiting_across_a_reload_that_moves_its_model_goes_to_th
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "moved"
     assert moved["proxy"] == f"http://127.0.0.1:{new_port}"
+
+
+async def test_switching_schedulers_during_a_load_lets_it_finish(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """fifo → serial → fifo while 'a' loads for a request and others wait: the new
+    scheduler neither evicts 'a' mid-load nor starts another model beside it."""
+    base = f"startPort = {free_port_base()}\n[macros]\nfake = {json.dumps(FAKE)}\n"
+    models = '[models.a]\ncmd = "${fake} --load-seconds 2"\n'
+    models += '[models.b]\ncmd = "${fake}"\n[models.c]\ncmd = "${fake}"\n'  # one at a time
+    serial = '[routing.scheduler]\nuse = "serial"\n'
+    proxy = await proxy_factory(base + models)
+    answers: dict[str, httpx.Response] = {}
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as requests:
+
+                async def ask(model: str) -> None:
+                    answers[model] = await client.post("/v1/chat/completions", json=chat(model))
+
+                requests.start_soon(ask, "a")
+                await wait_for_request(client, "a", "loading")
+                for model in ("b", "c"):
+                    requests.start_soon(ask, model)
+                    await wait_for_request(client, model, "queued")
+                for text in (base + serial + models, base + models):
+                    rewrite(proxy.config, text)
+                    assert (await client.post("/api/config/reload")).status_code == 200
+    assert {model: answer.status_code for model, answer in answers.items()} == {
+        "a": 200,
+        "b": 200,
+        "c": 200,
+    }
+    text = proxy.output.text()
+    assert text.count("scheduler 'serial' replaces 'fifo'") == 1
+    assert "evicted for" not in text.split("model 'a': ready")[0]  # nothing cut a's load

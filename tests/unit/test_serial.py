@@ -19,7 +19,7 @@ from llamaswap.errors import (
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import make_scheduler
-from llamaswap.schedulers.base import Ticket, TicketState
+from llamaswap.schedulers.base import Scheduler, Ticket, TicketState
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld, ticket
 
@@ -529,3 +529,36 @@ def test_model_slots_come_from_the_config_and_change_on_reload() -> None:
 
 def load_config_text(text: str) -> Config:
     return loads_config(textwrap.dedent(text), file="test.toml", environ={})
+
+
+# ------------------------------------------------------- a reload switches schedulers
+
+
+@pytest.mark.parametrize("before", ["fifo", "serial"])
+@pytest.mark.parametrize("after", ["fifo", "serial"])
+def test_a_switched_in_scheduler_waits_for_the_old_ones_load(before: str, after: str) -> None:
+    """The old scheduler keeps the load it started (and its waiters); the new one must
+    neither evict that model mid-load nor load it again, and goes on once it is done."""
+    fx = FakeWorld()
+
+    def scheduler(use: str) -> Driven[Scheduler]:
+        settings = loads_config(f'[routing.scheduler]\nuse = "{use}"')
+        return Driven(make_scheduler(settings, fx, GroupSwapper({})), fx)
+
+    old = scheduler(before)
+    old.on_request(loading := ticket("a", 1))
+    a_load = fx.last_swap()
+    new = scheduler(after)  # on the same world: 'a' is still loading under the old one
+    new.on_request(other := ticket("b", 2))  # would evict 'a' mid-load: waits
+    new.on_request(same := ticket("a", 3))  # would load 'a' again: waits for that load
+    assert fx.swaps == [a_load]
+    assert (other.state, same.state) == (TicketState.QUEUED, TicketState.QUEUED)
+    fx.complete(old, a_load)  # as the router does: the owner hears first, then the new one
+    new.on_swap_done(a_load, None)
+    assert fx.granted[0] is loading
+    assert fx.swaps == [a_load]  # 'a' serves: nothing evicts it yet
+    old.on_finish(loading)
+    fx.apply(new.scheduler.on_finish(loading))  # the router tells the new one too
+    # 'a' has drained of the old requests: the new scheduler goes on, by its own order
+    # ('b' is older; 'a', ready, is served in parallel by fifo, or has serial's affinity).
+    assert fx.granted[1:] == [same] or fx.last_swap().waiters == [other]
