@@ -161,6 +161,15 @@ class Events:
         finally:
             self._wake()
 
+    async def follow(self, url: str, *, task_status: trio.TaskStatus[None]) -> None:
+        """Read ``url``'s ``/api/events`` to its end (a cut connection fails the test)."""
+        stream = await LiveStream.open(url, "/api/events")
+        try:
+            task_status.started()
+            await self.read(stream)
+        finally:
+            await stream.aclose()
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -323,25 +332,16 @@ async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_st
 ) -> None:
     proxy = await proxy_factory(ONE_MODEL)
     early, late = Events(), Events()
-
-    async def listen(events: Events, *, task_status: trio.TaskStatus[None]) -> None:
-        stream = await LiveStream.open(proxy.url, "/api/events")
-        try:
-            task_status.started()
-            await events.read(stream)  # to its end: a cut connection fails the test
-        finally:
-            await stream.aclose()
-
     async with proxy.client() as client:
         with trio.fail_after(30):
-            await nursery.start(partial(listen, early))
+            await nursery.start(early.follow, proxy.url)
             await early.wait_for(lambda e: e["type"] == "snapshot")
             answer = await client.post("/v1/chat/completions", json=chat("alpha"))
             assert answer.status_code == 200
             record = await early.wait_for(lambda e: e["type"] == "activity")
             assert record["record"]["status"] == 200
             assert record["record"]["path"] == "/v1/chat/completions"
-            await nursery.start(partial(listen, late))
+            await nursery.start(late.follow, proxy.url)
             snapshot = await late.wait_for(lambda e: True)
             assert (await client.post("/api/models/unload")).status_code == 200
             await early.wait_for(lambda e: e["type"] == "model" and e["state"] == "stopped")
@@ -382,18 +382,9 @@ async def test_at_shutdown_the_events_end_after_a_model_that_ignores_sigterm_sto
         )
     )
     events = Events()
-
-    async def listen(*, task_status: trio.TaskStatus[None]) -> None:
-        stream = await LiveStream.open(proxy.url, "/api/events")
-        try:
-            task_status.started()
-            await events.read(stream)  # to its end: a cut connection fails the test
-        finally:
-            await stream.aclose()
-
     async with proxy.client() as client:
         with trio.fail_after(30):
-            await nursery.start(listen)
+            await nursery.start(events.follow, proxy.url)
             body = chat("stubborn", stream=True, max_tokens=1000)  # 50 s unless stopped
             async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
                 assert answer.status_code == 200
