@@ -374,13 +374,11 @@ class Forwarder:
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
-            base, rename, filters = target.config.proxy, target.model, target.config.filters
-            timeouts = target.config.timeouts
+            rename, filters = target.model, target.config.filters
         else:
             exchange.model = target.model_id
             model = self._config.models[target.model_id]
-            base, rename, filters = model.proxy, model.use_model_name, model.filters
-            timeouts = model.timeouts
+            rename, filters = model.use_model_name, model.filters
             messages = route.model_in is not None and path in _MESSAGES
             if messages and payload is not None and model.anthropic == "translate":
                 if path == anthropic.COUNT_TOKENS_PATH:  # llamaswap's own estimate
@@ -397,10 +395,11 @@ class Forwarder:
             if route.model_in is ModelIn.QUERY and rename:
                 query = rewrite_query(query, rename)
         if isinstance(target, Peer):
-            upstream = _Upstream(base, path, query, payload, _peer_auth(target), None, timeouts)
+            peer = target.config
+            auth = _peer_auth(target)
+            upstream = _Upstream(peer.proxy, path, query, payload, auth, None, peer.timeouts)
             await self._forward(exchange, scope, upstream, body, reply)
             return
-        upstream = _Upstream(base, path, query, payload, [], translation, timeouts)
         while_waiting: Callable[[Lease], Awaitable[None]] | None = None
         if payload is None:
             while_waiting = body.prefetch  # the upload streams through once granted
@@ -424,7 +423,9 @@ class Forwarder:
             # Where the model is now: a reload while the request waited may have moved it
             # (a new port), and restarted it there.
             model = self._config.models.get(target.model_id, model)
-            upstream = attrs.evolve(upstream, base=model.proxy, timeouts=model.timeouts)
+            upstream = _Upstream(
+                model.proxy, path, query, payload, [], translation, model.timeouts
+            )
             await self._forward(exchange, scope, upstream, body, reply)
 
     async def _forward(

@@ -270,9 +270,7 @@ class UpstreamResponse:
         )
         chunked = has_body and any(k == b"transfer-encoding" for k, _ in self.headers)
         self._chunked = _Chunked() if chunked else None
-        self._keep_alive = head.http_version >= b"1.1" and b"close" not in _tokens(
-            self.headers, b"connection"
-        )
+        self._http_version = head.http_version
 
     def header(self, name: bytes) -> str:
         """The first value of ``name`` (lowercase), or ``""``."""
@@ -313,9 +311,10 @@ class UpstreamResponse:
                 if data:
                     yield data
                 if decoder.done:
-                    connection.chunked_body_read(
-                        keep_alive=self._keep_alive, leftover=decoder.leftover
+                    keep_alive = self._http_version >= b"1.1" and b"close" not in _tokens(
+                        self.headers, b"connection"
                     )
+                    connection.chunked_body_read(keep_alive=keep_alive, leftover=decoder.leftover)
                     return
                 received = await connection.receive()
                 if not received:
