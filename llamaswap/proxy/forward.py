@@ -34,7 +34,7 @@ from hypercorn.typing import (
     HTTPScope,
 )
 
-from llamaswap.config.model import Config, Timeouts
+from llamaswap.config.model import Config, FilterConfig, Timeouts
 from llamaswap.errors import (
     BodyTooLarge,
     MethodNotAllowed,
@@ -369,37 +369,27 @@ class Forwarder:
             exchange.metadata["requested_model"] = name
             target = self._names.resolve(name)
             path = scope["path"]
-        rename: str | None  # the model name the upstream knows, if not the client's
-        translation = None  # set when /v1/messages goes to a chat-completions server
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
-            rename, filters = target.model, target.config.filters
-        else:
-            exchange.model = target.model_id
-            model = self._config.models[target.model_id]
-            rename, filters = model.use_model_name, model.filters
-            messages = route.model_in is not None and path in _MESSAGES
-            if messages and payload is not None and model.anthropic == "translate":
-                if path == anthropic.COUNT_TOKENS_PATH:  # llamaswap's own estimate
-                    count = anthropic.estimate_tokens(payload.json())
-                    await reply.json(200, {"input_tokens": count})
-                    return
-                raw, chat, translation = anthropic.chat_body(payload.json())
-                payload = Payload(raw, "application/json", chat)
-                path = anthropic.CHAT_PATH
-        if payload is not None and route.model_in is not None:
-            payload = rewrite_body(
-                route.model_in, payload, model=rename, filters=filters, requested=name
-            )
-            if route.model_in is ModelIn.QUERY and rename:
-                query = rewrite_query(query, rename)
-        if isinstance(target, Peer):
             peer = target.config
+            payload, query = _rewrite(route, payload, query, target.model, peer.filters, name)
             auth = _peer_auth(target)
             upstream = _Upstream(peer.proxy, path, query, payload, auth, None, peer.timeouts)
             await self._forward(exchange, scope, upstream, body, reply)
             return
+        exchange.model = target.model_id
+        model = self._config.models[target.model_id]
+        translation = None  # set when /v1/messages goes to a chat-completions server
+        messages = route.model_in is not None and path in _MESSAGES
+        if messages and payload is not None and model.anthropic == "translate":
+            if path == anthropic.COUNT_TOKENS_PATH:  # llamaswap's own estimate
+                count = anthropic.estimate_tokens(payload.json())
+                await reply.json(200, {"input_tokens": count})
+                return
+            raw, chat, translation = anthropic.chat_body(payload.json())
+            payload = Payload(raw, "application/json", chat)
+            path = anthropic.CHAT_PATH
         while_waiting: Callable[[Lease], Awaitable[None]] | None = None
         if payload is None:
             while_waiting = body.prefetch  # the upload streams through once granted
@@ -420,9 +410,12 @@ class Forwarder:
             route=f"{scope['method']} {scope['path']}",
         )
         async with self._router.acquire(exchange.lease, while_waiting=while_waiting):
-            # Where the model is now: a reload while the request waited may have moved it
-            # (a new port), and restarted it there.
+            # The model's definition now: a reload while the request waited may have
+            # moved it (a new port) or changed its filters.
             model = self._config.models.get(target.model_id, model)
+            payload, query = _rewrite(
+                route, payload, query, model.use_model_name, model.filters, name
+            )
             upstream = _Upstream(
                 model.proxy, path, query, payload, [], translation, model.timeouts
             )
@@ -551,6 +544,26 @@ async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:
         headers.append((b"connection", b"close"))  # its body is not read
     await reply.start(301 if scope["method"] in ("GET", "HEAD") else 308, headers)
     await reply.body(b"", more=False)
+
+
+def _rewrite(
+    route: Route,
+    payload: Payload | None,
+    query: bytes,
+    rename: str | None,
+    filters: FilterConfig | None,
+    requested: str,
+) -> tuple[Payload | None, bytes]:
+    """The body and query sent upstream: ``model`` renamed to ``rename`` (the name the
+    model server knows, if not the client's) and ``filters`` applied."""
+    if payload is None or route.model_in is None:
+        return payload, query  # /upstream passes the client's request through
+    payload = rewrite_body(
+        route.model_in, payload, model=rename, filters=filters, requested=requested
+    )
+    if route.model_in is ModelIn.QUERY and rename:
+        query = rewrite_query(query, rename)
+    return payload, query
 
 
 def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> bool:

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
@@ -206,21 +207,26 @@ async def test_watch_config_applies_a_saved_edit(proxy_factory: StartProxy) -> N
     assert proxy.output.text().count("(file changed)") == 1  # one save, one reload
 
 
-async def test_a_request_waiting_across_a_reload_that_moves_its_model_goes_to_the_new_address(
-    proxy_factory: StartProxy, nursery: trio.Nursery
+@pytest.mark.parametrize("edit", ["proxy", "filters"])
+async def test_a_request_waiting_across_a_reload_goes_out_as_its_model_is_defined_now(
+    edit: str, proxy_factory: StartProxy, nursery: trio.Nursery
 ) -> None:
-    """``a`` and ``moved`` never run together; ``moved`` waits while ``a`` streams, and a
-    reload moves it to another port (as a ``${PORT}`` shift does)."""
+    """``a`` and ``b`` never run together; ``b`` waits while ``a`` streams, and a reload
+    moves it to another port (as a ``${PORT}`` shift does) or changes its filters."""
     ports, old_port, new_port = free_port_base(), free_port_base(1), free_port_base(1)
     slow = json.dumps(FAKE + " --tokens-per-second 20")
 
-    def models(port: int) -> str:
+    def models(port: int, filters: str = "") -> str:
         fake = json.dumps(FAKE.replace("${PORT}", str(port)))
         return (
             f"startPort = {ports}\n[models.a]\ncmd = {slow}\n"
-            f'[models.moved]\ncmd = {fake}\nproxy = "http://127.0.0.1:{port}"\n'
+            f'[models.b]\ncmd = {fake}\nproxy = "http://127.0.0.1:{port}"\n{filters}'
         )
 
+    if edit == "proxy":
+        edited, change = models(new_port), "restarted"
+    else:
+        edited, change = models(old_port, "filters.setParams = { max_tokens = 3 }"), "updated"
     proxy = await proxy_factory(models(old_port))
     answers: list[httpx.Response] = []
     answered = trio.Event()
@@ -231,21 +237,25 @@ async def test_a_request_waiting_across_a_reload_that_moves_its_model_goes_to_th
                 assert busy.status_code == 200
 
                 async def waiting() -> None:
-                    answers.append(await client.post("/v1/chat/completions", json=chat("moved")))
+                    answer = await client.post(
+                        "/v1/chat/completions", json=chat("b", max_tokens=8)
+                    )
+                    answers.append(answer)
                     answered.set()
 
                 nursery.start_soon(waiting)
-                await wait_for_request(client, "moved", "queued")
-                rewrite(proxy.config, models(new_port))
+                await wait_for_request(client, "b", "queued")
+                rewrite(proxy.config, edited)
                 answer = await client.post("/api/config/reload")
-                assert answer.json()["changed"]["restarted"] == ["moved"], answer.text
-            # Hung up: 'a' stops, and 'moved' starts at its new address and answers.
+                assert answer.json()["changed"][change] == ["b"], answer.text
+            # Hung up: 'a' stops, and 'b' starts and answers.
             await answered.wait()
-            moved = (await running(client))["moved"]
+            b = (await running(client))["b"]
     (answer,) = answers
     assert answer.status_code == 200, answer.text
-    assert answer.json()["model"] == "moved"
-    assert moved["proxy"] == f"http://127.0.0.1:{new_port}"
+    assert answer.json()["model"] == "b"
+    assert b["proxy"] == f"http://127.0.0.1:{new_port if edit == 'proxy' else old_port}"
+    assert answer.json()["usage"]["completion_tokens"] == (3 if edit == "filters" else 8)
 
 
 async def test_switching_schedulers_during_a_load_lets_it_finish(
