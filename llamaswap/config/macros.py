@@ -142,20 +142,13 @@ def expand_macros(
 
 @attrs.frozen
 class _Scope:
-    """The user macros one value may use: ``[macros]``, and a model's own over them."""
+    """The user macros one value may use: ``[macros]``, or a model's own over them."""
 
     text: Mapping[str, str]  # each valid macro's expansion
     typed: Mapping[str, int | float | bool]  # those whose value is a number or a boolean
     invalid: frozenset[str]  # names reported at their definition, not again at each use
-
-    def inner(self, local: _Scope) -> _Scope:
-        """This scope with ``local`` (a model's ``macros``) defined over it."""
-        typed = {k: v for k, v in self.typed.items() if k not in local.text}
-        return _Scope(
-            {**self.text, **local.text},
-            {**typed, **local.typed},
-            (self.invalid - local.text.keys()) | local.invalid,
-        )
+    #: Each definition in order (name → its value as written, where it is written).
+    definitions: Mapping[str, tuple[object, Path]] = attrs.field(factory=dict)
 
     def first_pass(self, environ: Mapping[str, str], problems: list[Problem]) -> Substitute:
         """Substitutes user and environment macros; a value that is one macro of a number
@@ -189,8 +182,7 @@ def _first_pass_model(
         return _map_strings(model, base, macros.first_pass(environ, problems))
     scope = macros
     if "macros" in model:
-        local = _user_macros(model["macros"], (*base, "macros"), environ, problems, macros)
-        scope = macros.inner(local)
+        scope = _model_macros(model["macros"], (*base, "macros"), macros, environ, problems)
     substitute = scope.first_pass(environ, problems)
     expanded = {
         key: _map_strings(_uncommented(key, value), (*base, key), substitute)
@@ -241,22 +233,55 @@ def _map_strings(value: Any, path: Path, substitute: Substitute) -> Any:
 
 
 def _user_macros(
-    table: object,
-    base: Path,
-    environ: Mapping[str, str],
-    problems: list[Problem],
-    outer: _Scope | None = None,
+    table: object, base: Path, environ: Mapping[str, str], problems: list[Problem]
 ) -> _Scope:
-    """The macros of ``table`` (at ``base``); each may use those above it, and ``outer``'s."""
+    """``[macros]`` (at ``base``): each macro may use those above it."""
     if not isinstance(table, dict):
         problems.append(Problem(base, f"expected a table of name = value, got {describe(table)}"))
         return _Scope({}, {}, frozenset())
-    visible: Mapping[str, str] = {} if outer is None else outer.text
+    return _define(
+        {name: (value, (*base, name)) for name, value in table.items()}, environ, problems
+    )
+
+
+def _model_macros(
+    table: object, base: Path, top: _Scope, environ: Mapping[str, str], problems: list[Problem]
+) -> _Scope:
+    """A model's ``macros`` (at ``base``) over ``top``, as llama-swap resolves them: each
+    takes the place of the top-level macro of its name (so top-level macros that use it
+    see the model's value), the others come after the top-level ones."""
+    if not isinstance(table, dict):
+        problems.append(Problem(base, f"expected a table of name = value, got {describe(table)}"))
+        return top
+    definitions = {
+        name: (value, (*base, name))
+        for name, (value, _) in top.definitions.items()
+        if name not in top.invalid  # reported at its definition already
+    }
+    definitions.update((name, (value, (*base, name))) for name, value in table.items())
+    # A top-level macro keeps its place even when invalid: those after it that use it are
+    # invalid too, silently (reported once, at its definition).
+    order = [*top.definitions, *(name for name in table if name not in top.definitions)]
+    ordered = {name: definitions.get(name, _INVALID) for name in order}
+    return _define(ordered, environ, problems)
+
+
+#: A definition already reported (``_define`` neither defines nor reports it again).
+_INVALID: tuple[object, Path] = (None, ())
+
+
+def _define(
+    definitions: Mapping[str, tuple[object, Path]],
+    environ: Mapping[str, str],
+    problems: list[Problem],
+) -> _Scope:
+    """Each macro of ``definitions`` expanded with those above it (and ``${env.NAME}``)."""
     defined: dict[str, str] = {}
     typed: dict[str, int | float | bool] = {}
-    position = {name: index for index, name in enumerate(table)}
-    for index, (name, value) in enumerate(table.items()):
-        path: Path = (*base, name)
+    position = {name: index for index, name in enumerate(definitions)}
+    for index, (name, (value, path)) in enumerate(definitions.items()):
+        if (value, path) == _INVALID:
+            continue
         if not _MACRO_NAME.fullmatch(name):
             problems.append(
                 Problem(path, f"invalid macro name {name!r}; use letters, digits, '_' and '-'")
@@ -296,7 +321,7 @@ def _user_macros(
             if ref in position and ref not in defined:
                 uses_invalid.append(ref)  # reported at its own definition
                 return match.group(0)
-            return _user_or_env(match, path, {**visible, **defined}, environ, problems)
+            return _user_or_env(match, path, defined, environ, problems)
 
         try:
             expanded = _expand(text, replace)
@@ -308,9 +333,12 @@ def _user_macros(
         # Keeping the unexpanded ${...} would let a chain of them still double in size.
         if not uses_invalid:
             defined[name] = expanded
+            whole = _REF.fullmatch(text) if isinstance(value, str) else None
             if not isinstance(value, str):
                 typed[name] = value
-    return _Scope(defined, typed, frozenset(table) - defined.keys())
+            elif whole is not None and whole.group(1) in typed:  # "${n}": n's number
+                typed[name] = typed[whole.group(1)]
+    return _Scope(defined, typed, frozenset(definitions) - defined.keys(), definitions)
 
 
 def _user_or_env(

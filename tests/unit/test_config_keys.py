@@ -137,6 +137,68 @@ def test_model_macros_override_global_ones_within_that_model() -> None:
     assert config.macros == {"ctx": "4096", "server": "server --port ${PORT}"}
 
 
+def test_a_model_macro_overrides_a_global_one_inside_the_global_macros_that_use_it() -> None:
+    """As llama-swap resolves them (its TestConfig_ModelMacroOverridesGlobal): a model's
+    macro takes the place of the global one, also inside global macros built on it."""
+    config = load(
+        """
+        [macros]
+        tag = "global"
+        msg = "value-${tag}"
+        ctx = 4096
+        server = "server --port ${PORT} --ctx-size ${ctx}"
+        [models.big]
+        cmd = "${server} ${msg}"
+        macros = { ctx = 16384, tag = "model-level", extra = "${msg}" }
+        metadata = { extra = "${extra}" }
+        [models.small]
+        cmd = "${server} ${msg}"
+        """
+    )
+    assert config.models["big"].cmd[3:] == ("--ctx-size", "16384", "value-model-level")
+    assert config.models["big"].metadata == {"extra": "value-model-level"}
+    assert config.models["small"].cmd[3:] == ("--ctx-size", "4096", "value-global")
+    assert config.macros["server"] == "server --port ${PORT} --ctx-size 4096"
+
+
+def test_in_a_model_an_overriding_macro_takes_the_global_ones_place() -> None:
+    """It may use the global macros above that place; a global macro that grows too long
+    only with the model's values is reported in the model."""
+    big = "x" * 40_000
+    found = problems_of(
+        f"""
+        [macros]
+        a = "1"
+        b = "2"
+        double = "${{b}}${{b}}"
+        [models.m]
+        cmd = "server ${{double}}"
+        proxy = "http://127.0.0.1:9000"
+        macros = {{ a = "${{b}}", b = "{big}" }}
+        """
+    )
+    assert found == {
+        "models.m.macros.a": "uses ${b}, which is defined after it; move b above it",
+        "models.m.macros.double": (
+            "expands to more than 65536 characters; macros may expand to at most that"
+        ),
+    }
+
+
+def test_a_macro_that_is_one_number_macro_is_that_number() -> None:
+    config = load(
+        """
+        [macros]
+        base = 4
+        limit = "${base}"
+        [models.m]
+        cmd = "server --port ${PORT}"
+        concurrencyLimit = "${limit}"
+        """
+    )
+    assert config.models["m"].concurrency_limit == 4
+
+
 def test_model_macros_follow_the_global_rules() -> None:
     found = problems_of(
         """
