@@ -25,7 +25,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn, override
 
-from .model import LogLevel, LogToStdout, ModelConfig, toml_key
+from .model import FilterConfig, LogLevel, LogToStdout, ModelConfig, toml_key
 from .paths import Path, Problem, known_list, suggestion
 from .values import (
     Bounds,
@@ -39,6 +39,7 @@ from .values import (
     parse_int,
     parse_int_in,
     parse_int_table,
+    parse_names,
     parse_str,
     plain,
 )
@@ -52,6 +53,7 @@ _FIELD_HOOKS: dict[tuple[type, str], Hook] = {
     (ModelConfig, "cmd"): lambda value, _: parse_command(value),
     (ModelConfig, "cmd_stop"): lambda value, _: parse_command(value),
     (ModelConfig, "env"): lambda value, _: parse_env(value),
+    (FilterConfig, "strip_params"): lambda value, _: parse_names(value),
 }
 
 

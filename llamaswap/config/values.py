@@ -32,6 +32,7 @@ __all__ = [
     "parse_int",
     "parse_int_in",
     "parse_int_table",
+    "parse_names",
     "parse_str",
     "plain",
 ]
@@ -154,6 +155,26 @@ def parse_str(value: object) -> str:
     if not isinstance(value, str):
         raise InvalidValue(f"expected a string, got {describe(value)}")
     return str(value)  # a plain string, not a MacroValue
+
+
+def parse_names(value: object) -> tuple[str, ...]:
+    """``stripParams``: an array of key names, or one string of names separated by commas
+    (llama-swap's spelling; split after macros are expanded, so a macro may hold several).
+    Blank names are dropped, and so are repeats."""
+    if isinstance(value, str):
+        return tuple(dict.fromkeys(name for part in value.split(",") if (name := part.strip())))
+    if not isinstance(value, list):
+        raise InvalidValue(
+            f"expected an array of strings or one comma-separated string, got {describe(value)}"
+        )
+    problems = [
+        ((index,), f"expected a string, got {describe(item)}")
+        for index, item in enumerate(value)
+        if not isinstance(item, str)
+    ]
+    if problems:
+        raise InvalidValue.many(problems)
+    return tuple(dict.fromkeys(str(name) for name in value))
 
 
 def parse_int(value: object) -> int:

@@ -311,6 +311,42 @@ def test_timeouts_for_models_and_peers() -> None:
     assert peer.filters == FilterConfig(("temperature",), {"provider": {"zdr": True}})
 
 
+def test_strip_params_may_be_one_comma_separated_string_split_after_macros() -> None:
+    """llama-swap's spelling (its TestConfig_ModelFilters): blanks and repeats are dropped,
+    and a macro may hold several names."""
+    config = load(
+        """
+        [macros]
+        default_strip = "temperature, top_p"
+        [models.m]
+        cmd = "server --port ${PORT}"
+        filters.stripParams = "model, top_k, top_k, temperature, ${default_strip}, , ,"
+        [models.n]
+        cmd = "server --port ${PORT}"
+        filters.stripParams = "${env.STRIP}"
+        """,
+        environ={"STRIP": "seed,min_p"},
+    )
+    assert config.models["m"].filters.strip_params == ("model", "top_k", "temperature", "top_p")
+    assert config.models["n"].filters.strip_params == ("seed", "min_p")
+    found = problems_of(
+        """
+        [models.m]
+        cmd = "server --port ${PORT}"
+        filters.stripParams = ["a", 1]
+        [models.n]
+        cmd = "server --port ${PORT}"
+        filters.stripParams = 2
+        """
+    )
+    assert found == {
+        "models.m.filters.stripParams[1]": "expected a string, got 1",
+        "models.n.filters.stripParams": (
+            "expected an array of strings or one comma-separated string, got 2"
+        ),
+    }
+
+
 def test_timeouts_defaults() -> None:
     timeouts = load('[models.m]\ncmd = "s --port ${PORT}"\n').models["m"].timeouts
     assert (timeouts.connect, timeouts.tls_handshake) == (10.0, 10.0)
