@@ -31,7 +31,7 @@ import attrs
 
 from .model import DEFAULT_PROXY, DEFAULT_START_PORT
 from .paths import Path, Problem, did_you_mean, format_path
-from .values import MacroValue, describe, without_comments
+from .values import EnvText, MacroValue, describe, scalar, without_comments
 
 __all__ = ["MAX_EXPANDED_LENGTH", "PortProbe", "expand_macros", "port_free"]
 
@@ -130,7 +130,8 @@ def expand_macros(
     models = doc.get("models")
     ports: dict[str, int] = {}
     if isinstance(models, dict):
-        ports = _allocate_ports(models, doc.get("startPort"), problems, port_free)
+        start = scalar(doc.get("startPort"))  # "${n}" or "${env.N}": its number
+        ports = _allocate_ports(models, start, problems, port_free)
         for model_id, model in models.items():
             if isinstance(model, dict):
                 models[model_id] = _expand_model(model_id, model, ports.get(model_id), problems)
@@ -152,13 +153,16 @@ class _Scope:
 
     def first_pass(self, environ: Mapping[str, str], problems: list[Problem]) -> Substitute:
         """Substitutes user and environment macros; a value that is one macro of a number
-        or a boolean (``"${n}"``) becomes a :class:`MacroValue` of it."""
+        or a boolean (``"${n}"``) becomes a :class:`MacroValue` of it, and one environment
+        variable (``"${env.N}"``) an :class:`EnvText`."""
 
         def substitute(text: str, path: Path) -> str:
             whole = _REF.fullmatch(text)
-            if whole is not None and whole.group(1) in self.typed:
-                name = whole.group(1)
+            name = whole.group(1) if whole is not None else ""
+            if name in self.typed:
                 return MacroValue(self.text[name], self.typed[name])
+            if name.startswith("env.") and name not in self.text and name[4:] in environ:
+                return EnvText(environ[name[4:]])
 
             def replace(match: re.Match[str]) -> str:
                 return _user_or_env(match, path, self.text, environ, problems, self.invalid)

@@ -20,6 +20,7 @@ __all__ = [
     "DURATION_HINT",
     "MAX_COMMAND_LENGTH",
     "Bounds",
+    "EnvText",
     "InvalidValue",
     "MacroValue",
     "describe",
@@ -35,6 +36,7 @@ __all__ = [
     "parse_names",
     "parse_str",
     "plain",
+    "scalar",
 ]
 
 DURATION_HINT = 'expected a number of seconds or a duration like "90s"'
@@ -82,10 +84,31 @@ class MacroValue(str):
         return str(self), self.typed  # for copy.deepcopy
 
 
+class EnvText(str):
+    """A value that was exactly one ``${env.NAME}``: a key that takes an integer or a boolean
+    reads the variable's text as one (``"4"``, ``"true"``), as llama-swap does (it expands
+    ``${env.NAME}`` in the YAML text, before reading it); any other key reads the text."""
+
+
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+
+
+def scalar(value: object) -> object:
+    """``value`` as a key that takes an integer or a boolean reads it."""
+    if isinstance(value, EnvText):
+        text = value.strip()
+        if text in ("true", "false"):
+            return text == "true"
+        return int(text) if _INTEGER.fullmatch(text) else str(value)
+    return plain(value)
+
+
 def plain(value: object) -> object:
     """``value`` without :class:`MacroValue` s: each replaced by its number or boolean."""
     if isinstance(value, MacroValue):
         return value.typed
+    if isinstance(value, EnvText):
+        return str(value)  # free-form keys read the text
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -179,7 +202,7 @@ def parse_names(value: object) -> tuple[str, ...]:
 
 def parse_int(value: object) -> int:
     """A TOML integer (``true``/``false`` and floats are rejected)."""
-    value = plain(value)
+    value = scalar(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidValue(f"expected an integer, got {describe(value)}")
     return value
@@ -210,7 +233,7 @@ def parse_int_table(value: object, bounds: Bounds) -> dict[str, int]:
 
 def parse_bool(value: object) -> bool:
     """A TOML boolean: ``true`` or ``false``, not a string or a number."""
-    value = plain(value)
+    value = scalar(value)
     if not isinstance(value, bool):
         raise InvalidValue(f"expected true or false, got {describe(value)}")
     return value

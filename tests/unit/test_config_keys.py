@@ -19,9 +19,9 @@ def load(text: str, environ: Mapping[str, str] | None = None) -> Config:
     return loads_config(textwrap.dedent(text), file="test.toml", environ=environ or {})
 
 
-def problems_of(text: str) -> dict[str, str]:
+def problems_of(text: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     with pytest.raises(ConfigError) as info:
-        load(text)
+        load(text, environ)
     return {problem.path: problem.message for problem in info.value.problems}
 
 
@@ -226,7 +226,9 @@ def test_model_macros_follow_the_global_rules() -> None:
 def test_a_value_that_is_one_number_macro_becomes_that_number() -> None:
     config = load(
         """
+        startPort = "${port}"
         [macros]
+        port = 9000
         n = 4
         t = 0.5
         on = true
@@ -246,12 +248,50 @@ def test_a_value_that_is_one_number_macro_becomes_that_number() -> None:
     assert model.ttl == 4.0
     assert model.send_loading_state is True
     # Keys that take text read the macro's text, as plain strings.
-    assert model.cmd == ("server", "--port", "5800", "-n", "4")
+    assert model.cmd == ("server", "--port", "9000", "-n", "4")
     assert [type(arg) for arg in model.cmd] == [str] * 5
-    assert model.env == {"PORT": "5800", "N": "4"}
+    assert model.env == {"PORT": "9000", "N": "4"}
     assert type(model.env["PORT"]) is str
-    assert model.metadata == {"port": 5800, "t": 0.5, "list": [True, "n=4"]}
+    assert model.metadata == {"port": 9000, "t": 0.5, "list": [True, "n=4"]}
     assert model.filters.set_params == {"temperature": 0.5}
+
+
+def test_a_value_that_is_one_environment_variable_is_read_as_its_keys_type() -> None:
+    """As llama-swap, which expands ${env.NAME} in the YAML text before reading it: a key
+    that takes a number or a boolean reads the variable as one; any other key, the text."""
+    environ = {"N": "4", "ON": "true", "PORT_BASE": "9000", "TEMP": "0.7", "TTL": "600"}
+    config = load(
+        """
+        startPort = "${env.PORT_BASE}"
+        sendLoadingState = "${env.ON}"
+        [models.m]
+        cmd = "server --port ${PORT} -n ${env.N}"
+        concurrencyLimit = "${env.N}"
+        unlisted = "${env.ON}"
+        ttl = "${env.TTL}"
+        env = { N = "${env.N}" }
+        metadata = { n = "${env.N}" }
+        filters.setParams = { temperature = "${env.TEMP}" }
+        """,
+        environ,
+    )
+    model = config.models["m"]
+    assert (config.start_port, config.send_loading_state) == (9000, True)
+    assert (model.concurrency_limit, model.unlisted, model.ttl) == (4, True, 600.0)
+    assert model.cmd == ("server", "--port", "9000", "-n", "4")
+    assert model.env == {"N": "4"}
+    assert model.metadata == {"n": "4"}
+    assert type(model.metadata["n"]) is str
+    assert model.filters.set_params == {"temperature": "0.7"}
+    found = problems_of(
+        """
+        [models.m]
+        cmd = "server --port ${PORT}"
+        concurrencyLimit = "${env.HOME}"
+        """,
+        {"HOME": "/home/me"},
+    )
+    assert found == {"models.m.concurrencyLimit": "expected an integer, got '/home/me'"}
 
 
 def test_a_string_macro_stays_a_string() -> None:
