@@ -180,13 +180,20 @@ class RequestTimeout(RequestError):
         )
 
 
+def _key(*parts: str) -> str:
+    """A config key path spelled as the config's own problems spell it (``models."a b".cmd``)."""
+    from llamaswap.config.paths import format_path  # the config package imports this module
+
+    return format_path(parts)
+
+
 class ConcurrencyLimit(RequestError):
     def __init__(self, model: str, limit: int) -> None:
         self.model = model
         self.limit = limit
         super().__init__(
             f"model {model!r} already has {limit} requests waiting or running "
-            f"(models.{model}.concurrencyLimit); retry shortly"
+            f"({_key('models', model, 'concurrencyLimit')}); retry shortly"
         )
 
 
@@ -232,7 +239,7 @@ class ModelStartFailed(RequestError):
         message = f"model {model!r} failed to start: {reason}"
         if self.log_tail:
             message += " (last output: " + " | ".join(self.log_tail) + ")"
-        super().__init__(f"{message}; {hint or f'check models.{model}.cmd'}")
+        super().__init__(f"{message}; {hint or 'check ' + _key('models', model, 'cmd')}")
 
 
 class UpstreamError(RequestError):

@@ -122,14 +122,22 @@ def _check_url(url: str, path: Path, problems: list[Problem]) -> None:
         problems.append(Problem(path, f"expected a port from 1 to 65535 in the URL, got {url!r}"))
 
 
+_NAME_RULE = "must not be empty, start or end with a space, or hold whitespace but spaces"
+
+
+def _bad_name(name: str) -> bool:
+    """Whether a model ID or alias breaks :data:`_NAME_RULE`: a name travels in JSON and
+    in URL paths, where spaces are fine (llama-swap users have ``"Qwen3 30B A3B"``), but
+    a tab or a line break would not survive a header or a log line."""
+    return name.strip(" ") != name or not name or any(c.isspace() and c != " " for c in name)
+
+
 def _check_models(config: Config, dropped: Collection[str], problems: list[Problem]) -> None:
     owners: dict[str, str] = {}  # alias -> model ID that claimed it first
     for model_id, model in config.models.items():
         base: Path = ("models", model_id)
-        if any(char.isspace() for char in model_id) or not model_id:
-            problems.append(
-                Problem(base, f"model ID {model_id!r} must not be empty or contain whitespace")
-            )
+        if _bad_name(model_id):
+            problems.append(Problem(base, f"model ID {model_id!r} {_NAME_RULE}"))
         _check_url(model.proxy, (*base, "proxy"), problems)
         if model.check_endpoint != CHECK_NONE and not model.check_endpoint.startswith("/"):
             problems.append(
@@ -143,10 +151,8 @@ def _check_models(config: Config, dropped: Collection[str], problems: list[Probl
             for name in _by_id_aliases(model_id, model)
         ]
         for path, alias in [*_indexed((*base, "aliases"), model.aliases), *by_id]:
-            if any(char.isspace() for char in alias) or not alias:
-                problems.append(
-                    Problem(path, f"alias {alias!r} must not be empty or contain whitespace")
-                )
+            if _bad_name(alias):
+                problems.append(Problem(path, f"alias {alias!r} {_NAME_RULE}"))
             elif (alias in config.models or alias in dropped) and alias != model_id:
                 problems.append(
                     Problem(

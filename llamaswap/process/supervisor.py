@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from ..config.model import ModelConfig
+from ..config.paths import format_path
 from ..errors import LifelineError, ModelStartFailed, ModelUnloaded, RequestError
 from .health import Probe
 from .logring import LogRing
@@ -294,7 +295,8 @@ class ModelSupervisor:
             # Someone else's server (another llamaswap with the same startPort, a leftover
             # process) would pass for ours, and answer our requests: refuse to start.
             reason = f"{url} answers before the model was started: another process holds its port"
-            hint = f"stop that process, or change startPort or models.{self.model_id}.proxy"
+            proxy = format_path(("models", self.model_id, "proxy"))
+            hint = f"stop that process, or change startPort or {proxy}"
             self._fail(run, ModelStartFailed(self.model_id, reason, hint=hint))
             return None
         try:

@@ -70,6 +70,27 @@ async def test_swap_keeps_one_model_alive_in_the_default_group(
             assert not alive(alpha_pid)
 
 
+async def test_a_model_id_with_spaces_is_served_by_name_alias_and_path(
+    proxy_factory: StartProxy,
+) -> None:
+    """As llama-swap users name them ("Qwen3 30B A3B"): in bodies, lists and URL paths."""
+    quoted = FAKE.replace("${MODEL_ID}", "'${MODEL_ID}'")  # one argument, spaces and all
+    proxy = await proxy_factory(
+        config(f'[models."Qwen3 30B A3B"]\ncmd = {json.dumps(quoted)}\naliases = ["qwen 30b"]')
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            listed = (await client.get("/v1/models")).json()["data"]
+            assert [entry["id"] for entry in listed] == ["Qwen3 30B A3B"]
+            answer = await client.post("/v1/chat/completions", json=chat("qwen 30b"))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "Qwen3 30B A3B"
+            assert answer.headers["x-llamaswap-upstream"] == "Qwen3 30B A3B"
+            health = await client.get("/upstream/Qwen3%2030B%20A3B/health")
+            assert health.status_code == 200, health.text
+            assert set(await running(client)) == {"Qwen3 30B A3B"}
+
+
 async def test_streaming_arrives_incrementally(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(TWO_MODELS)
     arrivals: list[float] = []

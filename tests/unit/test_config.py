@@ -411,14 +411,16 @@ def test_invalid_top_level_default_is_reported_once() -> None:
             "expected a size from 1 to 1073741824 bytes (1 GiB), got 0 bytes",
         ),
         (
-            '[models."my model"]\ncmd = "s --port ${PORT}"\n',
-            'models."my model"',
-            "model ID 'my model' must not be empty or contain whitespace",
+            '[models."my\\tmodel"]\ncmd = "s --port ${PORT}"\n',
+            'models."my\\u0009model"',
+            "model ID 'my\\tmodel' must not be empty, start or end with a space, or hold "
+            "whitespace but spaces",
         ),
         (
-            MINIMAL + 'aliases = ["a b"]\n',
+            MINIMAL + 'aliases = ["a b "]\n',
             "models.m.aliases[0]",
-            "alias 'a b' must not be empty or contain whitespace",
+            "alias 'a b ' must not be empty, start or end with a space, or hold whitespace "
+            "but spaces",
         ),
         (
             'logLevel = "verbose"\n',

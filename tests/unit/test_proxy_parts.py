@@ -248,6 +248,11 @@ def test_error_table(error: RequestError, status: int, code: str) -> None:
         assert ("allow", "POST") in headers
 
 
+def test_errors_name_the_config_key_as_the_config_spells_it() -> None:
+    assert '(models."a b".concurrencyLimit)' in str(ConcurrencyLimit("a b", 2))
+    assert str(ModelStartFailed("qwen2.5", "exited")).endswith('check models."qwen2.5".cmd')
+
+
 @pytest.mark.parametrize(
     ("base", "where", "host_header", "prefix"),
     [
