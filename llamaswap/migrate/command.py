@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 
+import tomli
+
 from ..config import loads_config
+from ..config.paths import Path, format_path
 from ..errors import ConfigError
 
 __all__ = ["import_config"]
@@ -30,6 +34,23 @@ class _AnyEnvironment(Mapping[str, str]):
 
     def __len__(self) -> int:
         return 0
+
+
+_ENV_VALUE = re.compile(r"\$\{env\.[^}]*\}")
+
+
+def _from_env(value: object, path: Path = ()) -> Iterator[str]:
+    """The paths of the values in the TOML ``value`` that are exactly one ``${env.NAME}``:
+    whether such a value is right (a number, a boolean, ...) depends on the variable where
+    llamaswap runs, not on the placeholder it is checked with here."""
+    if isinstance(value, str) and _ENV_VALUE.fullmatch(value):
+        yield format_path(path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _from_env(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _from_env(item, (*path, index))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +105,10 @@ def import_config(argv: Sequence[str]) -> int:
         loads_config(result.toml, file=name, environ=_AnyEnvironment())
         problems: tuple[str, ...] = ()
     except ConfigError as exc:
-        problems = tuple(problem.render(exc.file) for problem in exc.problems)
+        unknown = set(_from_env(tomli.loads(result.toml)))
+        problems = tuple(
+            problem.render(exc.file) for problem in exc.problems if problem.path not in unknown
+        )
     if output is None:
         sys.stdout.write(result.toml)
     else:
@@ -101,7 +125,8 @@ def import_config(argv: Sequence[str]) -> int:
             print(line, file=sys.stderr)
         print(
             f"{name} is not a valid llamaswap config yet: fix the problems above "
-            "(was the llama-swap config valid?)",
+            "(llamaswap refuses some values llama-swap lets through; the notes above name "
+            "those it knows of)",
             file=sys.stderr,
         )
         return 2

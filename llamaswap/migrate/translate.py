@@ -8,13 +8,22 @@ classes do not have is reported with its YAML path and the reason, never written
 output never holds a key llamaswap would refuse. The exceptions are the places where the
 two formats differ, each handled by name:
 
-* llama-swap's "unset" spellings (``ttl: -1``, ``concurrencyLimit: 0``, a model's
+* llama-swap's "unset" spellings (``ttl: -1``, ``concurrencyLimit: 0`` or less, a model's
   ``unloadTimeout: 0``, an empty string) are left out, so llamaswap's defaults apply;
+* a value is read as llama-swap's YAML library reads it into the key's type (the type
+  hints of the config classes): ``yes``/``no``/``on``/``off`` in a boolean key, and a
+  number in a string key as the text Go writes for it;
 * ``env`` lists become tables, and ``filters.stripParams`` (a comma-separated string)
-  an array;
+  an array, unless it holds a macro: then the loader splits it after expanding it;
 * top-level ``groups`` and ``matrix`` (llama-swap's older spelling) move under
-  ``[routing.router]``, and matrix sets that name models directly get a var each;
-* ``healthCheckTimeout`` below 15 s becomes 15, as llama-swap would run it.
+  ``[routing.router]`` when ``routing.router`` sets nothing, and matrix sets that name
+  models directly get a var each; a matrix the router does not use is left out;
+* values llamaswap bounds or spells more strictly are written as llama-swap runs them
+  (``healthCheckTimeout`` below 15 s becomes 15, a TTL over 30 days 0, ``logLevel`` in
+  lower case, ``checkEndpoint`` with its leading ``/``), and ``preload`` names of no model
+  are left out;
+* what llamaswap reads differently and cannot be rewritten (a macro in a key, an unquoted
+  ``${env.NAME}`` where a number may be meant, a model ID llamaswap refuses) is noted.
 
 Comments (``comments.py``) are placed before the key, table or array item they were
 above, and end-of-line comments stay at the end of their line. A TOML table's values must
@@ -24,11 +33,14 @@ above a sub-table is written as the last line before that sub-table's header.
 
 from __future__ import annotations
 
+import decimal
 import functools
+import math
+import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
+from typing import Any, Literal
 
 import attrs
 import tomlkit
@@ -41,6 +53,8 @@ from tomlkit.items import Array, Comment, Item, String, StringType, Table, Trivi
 from ..config import model as schema
 from ..config.matrix_expr import And, MatrixExprError, Name, Node, Or, parse_expr
 from ..config.paths import Path, format_path
+from ..config.validate import _NAME_RULE as NAME_RULE
+from ..config.validate import _bad_name as bad_name
 from .comments import Comments, find_comments
 
 __all__ = ["ImportResult", "Remark", "YamlError", "import_yaml"]
@@ -49,9 +63,18 @@ __all__ = ["ImportResult", "Remark", "YamlError", "import_yaml"]
 MIN_HEALTH_CHECK_TIMEOUT = 15
 _LONG_ARRAY = 80  # characters: a longer array is written one item per line
 
-#: Keys whose empty string is a setting, not "not set": ``logTimeFormat: ""`` is llama-swap's
-#: "no timestamp", while leaving the key out keeps llamaswap's.
-_EMPTY_IS_A_VALUE = {"logTimeFormat"}
+#: The YAML 1.1 booleans Go's yaml.v3 still reads into a boolean key (as llama-swap does).
+_YAML11_BOOLS = {
+    **dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON"), True),
+    **dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF"), False),
+}
+#: What llama-swap reads these keys as: the values it knows, and what it takes for others.
+_LOG_SETTINGS: dict[str, tuple[frozenset[str], str]] = {
+    "logLevel": (frozenset(level.value for level in schema.LogLevel), schema.LogLevel.INFO.value),
+    "logTimeFormat": (frozenset(typing.get_args(schema.LogTimeFormat)), ""),
+}
+#: ``${name}``, the whole of a value.
+_MACRO = re.compile(r"\$\{([^}]*)\}")
 
 #: Why a llama-swap key has no place in llamaswap (keys not listed: "no such key").
 _REASONS = {
@@ -123,7 +146,9 @@ def import_yaml(text: str) -> ImportResult:
         YamlError: ``text`` is not valid YAML, or its top level is not a mapping.
     """
     try:
-        root = YAML(typ="rt").load(text)
+        yaml = YAML(typ="rt")
+        yaml.preserve_quotes = True  # a quoted "${env.N}" is text in llama-swap too
+        root = yaml.load(text)
     except YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         mark = getattr(exc, "problem_mark", None)
@@ -182,9 +207,17 @@ class _Translator:
         self.root = self._normalise(root)
         models = self.root.get("models")
         self.model_ids = {str(k) for k in models} if isinstance(models, Mapping) else set()
+        #: Every name a model answers to: IDs, aliases and setParamsByID keys.
+        self.names = set(self.model_ids)
+        for model in models.values() if isinstance(models, Mapping) else ():
+            aliases = model.get("aliases") if isinstance(model, Mapping) else None
+            filters = model.get("filters") if isinstance(model, Mapping) else None
+            by_id = filters.get("setParamsByID") if isinstance(filters, Mapping) else None
+            for name in [*(aliases if isinstance(aliases, list) else ()), *(by_id or ())]:
+                self.names.add(_go_text(name) if isinstance(name, (int, float)) else str(name))
 
     def run(self) -> ImportResult:
-        self._write(self.doc, list(self.entries(self.root, (), schema.Config)))
+        self._write(self.doc, list(self.entries(self.root, (), _Kind(schema.Config))))
         self._comment(self.tail, self.comments.end)
         remarks = [remark for _, remark in sorted(self.remarks, key=lambda pair: pair[0])]
         return ImportResult(tomlkit.dumps(self.doc), tuple(remarks))
@@ -209,6 +242,18 @@ class _Translator:
         )
         self.remarks.append((line, Remark(format_path(where), message, skipped)))
 
+    def source(self, path: Path) -> object:
+        """The YAML value at ``path`` of the translated tree (``None`` if there is none)."""
+        value: object = self.root
+        for part in path:
+            if isinstance(value, Mapping):
+                value = value.get(part)
+            elif isinstance(value, list) and isinstance(part, int) and part < len(value):
+                value = value[part]
+            else:
+                return None
+        return value
+
     def origin(self, path: Path) -> Path:
         """Where ``path`` of the translated tree is in the YAML file."""
         for moved_to, moved_from in self.moved:
@@ -219,22 +264,27 @@ class _Translator:
     # -- the tree ------------------------------------------------------------------------
 
     def _normalise(self, root: Mapping[Any, Any]) -> dict[str, Any]:
-        """``root`` with llama-swap's top-level ``groups``/``matrix`` under ``routing``."""
-        legacy = [key for key in ("groups", "matrix") if root.get(key) is not None]
+        """``root`` with llama-swap's top-level ``groups``/``matrix`` under ``routing``, as
+        llama-swap reads them (load.go): only a matrix or non-empty groups count, and only
+        when ``routing.router`` sets nothing (llama-swap refuses both)."""
+        legacy = [key for key in ("groups", "matrix") if key in root]
+        # A null one, or empty groups, is absent for llama-swap: dropped.
+        used = [key for key in legacy if root[key] is not None and (key == "matrix" or root[key])]
         routing = root.get("routing")
         router = routing.get("router") if isinstance(routing, Mapping) else None
-        if not legacy:
-            return {str(k): v for k, v in root.items()}
-        if router:
-            for key in legacy:
+        settings = router.get("settings") if isinstance(router, Mapping) else None
+        chosen = isinstance(router, Mapping) and bool(router.get("use"))
+        if isinstance(settings, Mapping):
+            chosen = chosen or settings.get("matrix") is not None or bool(settings.get("groups"))
+        if not used or chosen:
+            for key in used:
                 self.skip((key,), "llama-swap refuses it beside routing.router; move it there")
-            return {str(k): v for k, v in root.items() if k not in legacy}
-        settings = {key: root[key] for key in legacy}
-        new_router: dict[str, Any] = {"settings": settings}
-        if "matrix" in legacy:
+            return {str(k): v for k, v in root.items() if k not in ("groups", "matrix")}
+        new_router: dict[str, Any] = {"settings": {key: root[key] for key in used}}
+        if "matrix" in used:
             new_router["use"] = "matrix"
         new_routing = {**(routing if isinstance(routing, Mapping) else {}), "router": new_router}
-        for key in legacy:
+        for key in used:
             self.moved.append((("routing", "router", "settings", key), (key,)))
         result: dict[str, Any] = {}
         for key, value in root.items():
@@ -244,31 +294,35 @@ class _Translator:
                 result[str(key)] = value
         return result
 
-    def entries(self, src: Mapping[Any, Any], path: Path, cls: type | None) -> Iterator[_Entry]:
-        """The TOML entries for the YAML mapping ``src`` at ``path``, read as ``cls`` (a
-        config class; ``None`` for a free-form table such as ``metadata``)."""
+    def entries(self, src: Mapping[Any, Any], path: Path, kind: _Kind) -> Iterator[_Entry]:
+        """The TOML entries for the YAML mapping ``src`` at ``path``, read as ``kind`` (a
+        config class, or a free-form table such as ``metadata``)."""
+        cls = kind.cls
         for raw_key, value in src.items():
             key = str(raw_key)
             at: Path = (*path, key)
+            self._check_key(key, at)
             if cls is None:
-                yield from self.copy(key, value, at, None)
+                yield from self.copy(key, value, at, kind.scalar)
                 continue
             hook = _HOOKS.get((cls, key))
             if hook is not None:
                 yield from hook(self, key, value, at)
             elif key not in _fields(cls):
                 self.skip(at, _REASONS.get(key, f"llamaswap has no key {key!r} here"))
-            elif value is None or (value == "" and key not in _EMPTY_IS_A_VALUE):
+            elif value is None or value == "":
                 continue  # llama-swap's "not set": llamaswap's default applies
             else:
                 yield from self.copy(key, value, at, _fields(cls)[key])
 
-    def copy(self, key: str, value: object, path: Path, kind: _Kind | None) -> Iterator[_Entry]:
+    def copy(self, key: str, value: object, path: Path, kind: _Kind | _Scalar) -> Iterator[_Entry]:
         """``key`` copied as it is; a mapping becomes a table of ``kind``."""
         if isinstance(value, Mapping):
-            yield from self.table(key, value, path, kind)
+            yield from self.table(
+                key, value, path, kind if isinstance(kind, _Kind) else _Kind(None)
+            )
         else:
-            item = self._item(value, path)
+            item = self._item(value, path, kind.scalar if isinstance(kind, _Kind) else kind)
             if item is not None:
                 yield _Value(key, item, path)
 
@@ -277,24 +331,44 @@ class _Translator:
         key: str,
         value: Mapping[Any, Any],
         path: Path,
-        kind: _Kind | None,
+        kind: _Kind,
         *,
         named: bool = False,
     ) -> Iterator[_Table]:
         """``[key]`` from the mapping ``value``; nothing when nothing in it is kept, unless
         it is ``named`` (one of ``models``, ``peers``, ...: left out, it would go unnoticed)."""
         entries: list[_Entry] = []
-        if kind is not None and kind.each:
+        if kind.each:
             for name, item in value.items():
                 at: Path = (*path, str(name))
+                self._check_key(str(name), at)
                 if isinstance(item, Mapping):
                     entries.extend(self.table(str(name), item, at, _Kind(kind.cls), named=True))
                 else:
                     self.skip(at, "expected a mapping of keys")
         else:
-            entries.extend(self.entries(value, path, kind.cls if kind is not None else None))
+            entries.extend(self.entries(value, path, kind))
         if entries or named:
             yield _Table(key, path, tuple(entries))
+
+    def _check_key(self, key: str, path: Path) -> None:
+        """Remark what llamaswap reads differently in a key: a macro (llama-swap fills in
+        ``${env.NAME}`` everywhere; llamaswap fills in macros in no key but those of a
+        model's ``setParamsByID``), or a model ID it refuses."""
+        if "${" in key and path[-2:-1] != ("setParamsByID",):
+            env = " (llama-swap fills in ${env.NAME} there)" if "${env." in key else ""
+            self.note(path, f"llamaswap fills in no macro in a key{env}: write the name itself")
+        if len(path) == 2 and path[0] == "models":
+            self.check_name(key, path, "a model ID")
+
+    def check_name(self, name: str, path: Path, what: str) -> None:
+        """Remark a model ID or alias llamaswap refuses (llama-swap takes any)."""
+        if bad_name(name):
+            self.note(
+                path,
+                f"llamaswap refuses {name!r}: {what} {NAME_RULE}; "
+                "rename it here and in the clients that use it",
+            )
 
     def _write(self, table: Container | Table, entries: list[_Entry]) -> None:
         """Write values first, then sub-tables (TOML's order), each with its comments."""
@@ -355,12 +429,24 @@ class _Translator:
 
     # -- values --------------------------------------------------------------------------
 
-    def _item(self, value: object, path: Path) -> Item | None:
-        """A YAML scalar, list or (inside a list) mapping as a TOML value; ``None`` (and a
-        remark) for what TOML cannot hold."""
+    def _item(self, value: object, path: Path, scalar: _Scalar) -> Item | None:
+        """A YAML scalar, list or (inside a list) mapping as a TOML value, read as a key of
+        type ``scalar`` reads it in llama-swap; ``None`` (and a remark) for what TOML cannot
+        hold."""
         if value is None:
             self.skip(path, "TOML has no null; leave the key out for its default")
             return None
+        if scalar == "bool" and isinstance(value, str) and value in _YAML11_BOOLS:
+            return tomlkit.item(_YAML11_BOOLS[value])
+        if scalar == "str" and isinstance(value, (int, float)):  # bools are ints too
+            return _string(_go_text(value))
+        if scalar == "free" and isinstance(value, str) and self._typed_there(value, path):
+            self.note(
+                path,
+                f"llama-swap reads {value} as a number or true/false when its value is one; "
+                "llamaswap keeps it as text here: for a number, write the number, or use a "
+                '[macros] entry that holds it (n = 0.7) as "${n}"',
+            )
         if isinstance(value, (bool, ScalarBoolean)):  # ScalarBoolean: an anchored one
             return tomlkit.item(bool(value))
         if isinstance(value, int):
@@ -372,20 +458,53 @@ class _Translator:
         if isinstance(value, Mapping):
             table = tomlkit.inline_table()
             for key, item in value.items():
-                converted = self._item(item, (*path, str(key)))
+                converted = self._item(item, (*path, str(key)), scalar)
                 if converted is not None:
                     table.append(str(key), converted)
             return table
         if isinstance(value, list):
-            return self._array(value, path)
+            return self.array(value, path, scalar)
         try:
             return tomlkit.item(value)  # a YAML date or timestamp
         except (TypeError, ValueError):
             self.skip(path, f"TOML has no value like {value!r}")
             return None
 
-    def _array(self, values: list[Any], path: Path) -> Array:
-        items = [(index, self._item(value, (*path, index))) for index, value in enumerate(values)]
+    def _typed_there(self, text: str, path: Path, *, via: frozenset[str] = frozenset()) -> bool:
+        """Whether llama-swap reads ``text``, a value at ``path``, as a number or boolean
+        where llamaswap reads text: an unquoted ``${env.NAME}`` (llama-swap fills it into
+        the YAML text before parsing it), or a macro whose value is another macro of a
+        number (llamaswap keeps a number only from a macro holding one itself)."""
+        match = _MACRO.fullmatch(text)
+        if match is None:
+            return False
+        name = match[1]
+        if name.startswith("env."):
+            return type(text) is str  # plain: not a quoted ruamel ScalarString
+        value = self.macro(name, path)
+        if isinstance(value, str) and name not in via:
+            return self._typed_there(value, path, via=via | {name})
+        return bool(via) and isinstance(value, (int, float))
+
+    def macro(self, name: str, path: Path) -> object:
+        """The value of the macro ``name`` where ``path`` is: the model's, else the global
+        one (``None``: no such macro)."""
+        scopes = [self.source((*path[:2], "macros")) if path[:1] == ("models",) else None]
+        scopes.append(self.root.get("macros"))
+        for scope in scopes:
+            if isinstance(scope, Mapping) and name in scope:
+                return scope[name]
+        return None
+
+    def array(
+        self, values: list[Any], path: Path, scalar: _Scalar, *, dropped: Set[int] = frozenset()
+    ) -> Array:
+        """``values`` as a TOML array, but the items at the indexes ``dropped``."""
+        items = [
+            (index, self._item(value, (*path, index), scalar))
+            for index, value in enumerate(values)
+            if index not in dropped
+        ]
         kept = [(index, item) for index, item in items if item is not None]
         array = tomlkit.array()
         commented = any(
@@ -409,7 +528,7 @@ class _Translator:
         """``env: ["A=1", ...]`` as a table; the last value of a repeated name wins, as in
         the process llama-swap starts."""
         if not isinstance(value, list):
-            yield from self.copy("env", value, path, None)
+            yield from self.copy("env", value, path, "any")
             return
         entries: dict[str, _Value] = {}
         for index, item in enumerate(value):
@@ -427,7 +546,16 @@ class _Translator:
 
     def matrix(self, value: object, path: Path) -> Iterator[_Entry]:
         """The matrix, with a var for each model its sets or costs name directly (llamaswap's
-        sets name vars only)."""
+        sets name vars only); left out unless ``routing.router.use`` is ``matrix``."""
+        router = self.source(path[:-2])
+        use = router.get("use") if isinstance(router, Mapping) else None
+        if use != "matrix":
+            self.skip(
+                path,
+                f"unused: routing.router.use is {use or 'group'!r}, so llama-swap neither "
+                "reads nor checks it",
+            )
+            return
         if not isinstance(value, Mapping):
             yield from self.copy("matrix", value, path, _Kind(schema.MatrixConfig))
             return
@@ -442,39 +570,52 @@ class _Translator:
         yield from self.table("matrix", src, path, _Kind(schema.MatrixConfig))
 
 
+#: What a value is read as: a boolean, a string (or a list of strings), anything (a
+#: free-form table's value), or as YAML typed it (numbers, durations, ...).
+_Scalar = Literal["bool", "str", "free", "any"]
+
+
 @attrs.frozen
 class _Kind:
-    """What a key holds: a table of ``cls``, or (``each``) a table of such tables."""
+    """What a key holds: a table of ``cls`` (``None``: a table of any keys, with values
+    of ``scalar``), or (``each``) a table of such tables."""
 
     cls: type | None
     each: bool = False
+    scalar: _Scalar = "free"
 
 
 @functools.cache
-def _fields(cls: type) -> dict[str, _Kind | None]:
-    """The TOML keys of a config class, each with what it holds (``None``: a value)."""
+def _fields(cls: type) -> dict[str, _Kind | _Scalar]:
+    """The TOML keys of a config class, each with what it holds."""
     hints = typing.get_type_hints(cls)
-    result: dict[str, _Kind | None] = {}
+    result: dict[str, _Kind | _Scalar] = {}
     for field in attrs.fields(cls):
         result[schema.toml_key(field)] = _kind(hints[field.name])
     return result
 
 
-def _kind(hint: object) -> _Kind | None:
+def _kind(hint: object) -> _Kind | _Scalar:
     """What a field of type ``hint`` holds: a config class (``X`` or ``X | None``), a table
-    of them (``Mapping[str, X]``), a free-form table, or (``None``) a value."""
+    of them (``Mapping[str, X]``), a table of values, or a value."""
     if isinstance(hint, type) and attrs.has(hint):
         return _Kind(hint)
     origin = typing.get_origin(hint)
     args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
     if origin is typing.Union or origin is types.UnionType:
-        return _kind(args[0]) if len(args) == 1 else None
+        return _kind(args[0]) if len(args) == 1 else "any"
     if isinstance(origin, type) and issubclass(origin, Mapping):
-        inner = args[-1] if args else None
-        if isinstance(inner, type) and attrs.has(inner):
-            return _Kind(inner, each=True)
-        return _Kind(None)
-    return None
+        inner = _kind(args[-1]) if args else "free"
+        if isinstance(inner, _Kind) and inner.cls is not None:
+            return _Kind(inner.cls, each=True)
+        return _Kind(None, scalar=inner if isinstance(inner, str) else "free")
+    if hint is bool:
+        return "bool"
+    if hint is Any:
+        return "free"
+    if (isinstance(hint, type) and issubclass(hint, str)) or origin is Literal:
+        return "str"  # str, a str enum (LogLevel), a Literal of strings
+    return "str" if origin is tuple and args[:1] == [str] else "any"
 
 
 def _named(sets: object) -> Iterator[str]:
@@ -492,6 +633,34 @@ def _named(sets: object) -> Iterator[str]:
                 yield node.name
             elif isinstance(node, (And, Or)):
                 stack.extend(node.parts)
+
+
+def _go_text(value: int | float) -> str:
+    """A YAML number or boolean as llama-swap reads it into a string key: as Go's yaml.v3
+    writes it (llama-swap parses the file and writes it again before reading it), so
+    ``3.50`` is ``"3.5"`` and ``1e6`` is ``"1e+06"``."""
+    if isinstance(value, (bool, ScalarBoolean)):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if math.isnan(value) or math.isinf(value):
+        return ".nan" if math.isnan(value) else "-.inf" if value < 0 else ".inf"
+    if value == 0:
+        return "-0" if math.copysign(1, value) < 0 else "0"
+    # Go's strconv.FormatFloat(value, 'g', -1, 64): the shortest digits that read back
+    # as the same float (Python's repr has them), an exponent below 1e-4 and from 1e6.
+    _, numerals, exponent = decimal.Decimal(repr(abs(value))).normalize().as_tuple()
+    digits = "".join(map(str, numerals))
+    point = len(digits) + int(exponent)  # digits before the decimal point
+    text = "-" if value < 0 else ""
+    if not -4 <= point - 1 < 6:
+        mantissa = digits[0] + (f".{digits[1:]}" if len(digits) > 1 else "")
+        return f"{text}{mantissa}e{'-' if point < 1 else '+'}{abs(point - 1):02d}"
+    if point <= 0:
+        return f"{text}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return f"{text}{digits}{'0' * (point - len(digits))}"
+    return f"{text}{digits[:point]}.{digits[point:]}"
 
 
 def _string(text: str) -> String:
@@ -516,20 +685,69 @@ def _health_check_timeout(t: _Translator, key: str, value: object, path: Path) -
     if isinstance(value, int) and not isinstance(value, bool) and value < MIN_HEALTH_CHECK_TIMEOUT:
         t.note(path, f"raised from {value} to {MIN_HEALTH_CHECK_TIMEOUT} s, as llama-swap runs it")
         value = MIN_HEALTH_CHECK_TIMEOUT
-    yield from t.copy(key, value, path, None)
+    yield from t.copy(key, value, path, "any")
 
 
 @_hook(schema.Config, "unloadTimeout")
 @_hook(schema.ModelConfig, "unloadTimeout", "concurrencyLimit")
 def _zero_is_default(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
-    if value != 0 and value is not None:
-        yield from t.copy(key, value, path, None)
+    # concurrencyLimit: llama-swap's queue takes any limit of 0 or less as its default.
+    below = key == "concurrencyLimit" and isinstance(value, (int, float)) and value < 0
+    if value != 0 and value is not None and not below:
+        yield from t.copy(key, value, path, "any")
 
 
+@_hook(schema.Config, "globalTTL")
 @_hook(schema.ModelConfig, "ttl")
 def _ttl(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
-    if value != -1 and value is not None:  # -1: the global TTL, llamaswap's default too
-        yield from t.copy(key, value, path, None)
+    if (value == -1 and key == "ttl") or value is None:
+        return  # a model's -1: the global TTL, llamaswap's default too
+    if isinstance(value, (int, float)) and value > schema.TTL.high:
+        # 0 is "never unload" in both: the nearest to an idle time of over a month.
+        t.note(
+            path,
+            f"llamaswap takes {schema.TTL.describe()}; {_go_text(value)} is written as 0 "
+            "(never unload), the nearest",
+        )
+        value = 0
+    yield from t.copy(key, value, path, "any")
+
+
+@_hook(schema.Config, "logLevel", "logTimeFormat")
+def _log_setting(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    """llama-swap reads both in lower case without surrounding blanks, and an unknown one
+    as its default: ``info``, or no timestamp (``""``, which llamaswap has to be told)."""
+    if value is None:
+        return
+    known, fallback = _LOG_SETTINGS[key]
+    text = (
+        value
+        if isinstance(value, str)
+        else _go_text(value)
+        if isinstance(value, (int, float))
+        else None
+    )
+    if text is not None:
+        read = text.strip().lower()
+        if read not in known:
+            read = fallback
+            if text.strip():
+                t.note(path, f"llama-swap reads {text!r} as {fallback!r}, an unknown value")
+        elif read != text:
+            t.note(path, f"written {read!r}: llama-swap reads it in lower case")
+        value = read
+    yield from t.copy(key, value, path, "str")
+
+
+@_hook(schema.ModelConfig, "checkEndpoint")
+def _check_endpoint(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    if isinstance(value, str) and value.strip() == schema.CHECK_NONE:
+        value = schema.CHECK_NONE  # llama-swap compares it without blanks (and case)
+    elif isinstance(value, str) and not value.startswith("/"):
+        # llama-swap's proxy joins the path to the proxy URL with a '/'; llamaswap appends.
+        t.note(path, f"written '/{value}': llama-swap asks for it with a leading '/'")
+        value = f"/{value}"
+    yield from t.copy(key, value, path, "str")
 
 
 @_hook(schema.ModelConfig, "env")
@@ -537,10 +755,12 @@ def _env(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry
     return t.env(value, path)
 
 
+@_hook(schema.Config, "macros")
 @_hook(schema.ModelConfig, "macros")
-def _model_macros(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
-    # Not a field: config/macros.py applies a model's macros before the model is read.
-    yield from t.copy(key, value, path, _Kind(None))
+def _macros(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    # A macro keeps its YAML type: a number used as the whole of a value stays a number. (A
+    # model's macros are no field: config/macros.py applies them before the model is read.)
+    yield from t.copy(key, value, path, _Kind(None, scalar="any"))
 
 
 @_hook(schema.ModelConfig, "cmd", "cmdStop")
@@ -550,18 +770,50 @@ def _command(t: _Translator, key: str, value: object, path: Path) -> Iterator[_E
     if isinstance(value, str):
         yield _Value(key, _string(value), path)
     else:
-        yield from t.copy(key, value, path, None)
+        yield from t.copy(key, value, path, "any")
 
 
 @_hook(schema.FilterConfig, "stripParams", "strip_params")
 def _strip_params(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
-    if isinstance(value, str):
+    filters = t.source(path[:-1])
+    if key == "strip_params" and isinstance(filters, Mapping) and filters.get("stripParams"):
+        t.skip(path, "llama-swap reads the old strip_params only when stripParams is not set")
+    elif isinstance(value, str) and "${" in value:
+        # Split after its macros are filled in (by the loader), as llama-swap splits it.
+        yield _Value("stripParams", _string(value), path)
+    elif isinstance(value, str):
         names = [part.strip() for part in value.split(",")]
         kept = list(dict.fromkeys(name for name in names if name and name != "model"))
         if kept:
             yield _Value("stripParams", tomlkit.item(kept), path)
     elif value is not None:
-        yield from t.copy("stripParams", value, path, None)
+        yield from t.copy("stripParams", value, path, "str")
+
+
+@_hook(schema.ModelConfig, "aliases")
+def _aliases(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    for index, alias in enumerate(value if isinstance(value, list) else ()):
+        if isinstance(alias, str):
+            t.check_name(alias, (*path, index), "an alias")
+    yield from t.copy(key, value, path, "str")
+
+
+@_hook(schema.OnStartup, "preload")
+def _preload(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    """As llama-swap: each name without surrounding blanks, and names of no model left out."""
+    if not isinstance(value, list):
+        yield from t.copy(key, value, path, "str")
+        return
+    names = [_go_text(v) if isinstance(v, (int, float)) else v for v in value]
+    names = [name.strip() if isinstance(name, str) else name for name in names]
+    unknown = {
+        index
+        for index, name in enumerate(names)
+        if isinstance(name, str) and name not in t.names and "${" not in name
+    }
+    for index in sorted(unknown):
+        t.skip((*path, index), f"{names[index]!r} is no model or alias; llama-swap skips it")
+    yield _Value(key, t.array(names, path, "str", dropped=unknown), path)
 
 
 @_hook(schema.PeerConfig, "filters")
@@ -584,4 +836,4 @@ def _matrix(t: _Translator, key: str, value: object, path: Path) -> Iterator[_En
 def _store_path(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
     if isinstance(value, str) and not value.startswith(("/", "~", "$")):
         t.note(path, "a relative path is now relative to the config file's directory")
-    yield from t.copy(key, value, path, None)
+    yield from t.copy(key, value, path, "any")

@@ -224,6 +224,14 @@ def test_legacy_top_level_groups_move_under_routing() -> None:
         ("logTimeFormat: ''", "logTimeFormat", "", None),  # no timestamp, as in llama-swap
         ("startPort: ~", "startPort", None, None),
         ("apiKeys: [a, ~, b]", "apiKeys", ["a", "b"], ("apiKeys[1]", True)),
+        ("apiKeys: [1234567890]", "apiKeys", ["1234567890"], None),
+        ("sendLoadingState: yes", "sendLoadingState", True, None),
+        # llama-swap reads both without case; an unknown one as info / no timestamp
+        ("logLevel: Debug", "logLevel", "debug", ("logLevel", False)),
+        ("logLevel: warning", "logLevel", "info", ("logLevel", False)),
+        ("logTimeFormat: RFC3339", "logTimeFormat", "rfc3339", ("logTimeFormat", False)),
+        ("logTimeFormat: iso", "logTimeFormat", "", ("logTimeFormat", False)),
+        ("globalTTL: 5184000", "globalTTL", 0, ("globalTTL", False)),
     ],
 )
 def test_top_level_values(
@@ -246,6 +254,20 @@ def test_top_level_values(
         ("env: {A: '1'}", "env", {"A": "1"}),
         ("filters: {strip_params: 'a, ,b,a'}", "filters", {"stripParams": ["a", "b"]}),
         ("filters: {stripParams: 'model'}", "filters", None),
+        # Split by the loader once its macros are filled in, as llama-swap splits it.
+        ("filters: {stripParams: 'a, ${m}'}", "filters", {"stripParams": "a, ${m}"}),
+        ("concurrencyLimit: -1", "concurrencyLimit", None),  # llama-swap's default, as 0
+        ("checkEndpoint: health", "checkEndpoint", "/health"),
+        ("checkEndpoint: ' none '", "checkEndpoint", "none"),
+        ("ttl: 5184000", "ttl", 0),  # over llamaswap's 30 days: never unload
+        # YAML 1.1 booleans, which llama-swap reads into a boolean key
+        ("unlisted: on", "unlisted", True),
+        ("sendLoadingState: No", "sendLoadingState", False),
+        # a number or boolean in a string key: as llama-swap's YAML library writes it
+        ("name: 2024", "name", "2024"),
+        ("description: true", "description", "true"),
+        ("aliases: [4, 3.50, 1e6]", "aliases", ["4", "3.5", "1e+06"]),
+        ("useModelName: 1.0", "useModelName", "1"),
         ("cmd: 'C:\\llama\\server.exe'", "cmd", "C:\\llama\\server.exe"),
     ],
 )
@@ -399,7 +421,8 @@ def test_the_command_fails_when_the_translation_is_not_a_valid_config(tmp_path: 
         "the translated config: routing.router.settings.groups.g.members[1]: "
         "unknown model 'nope'; known models: 'a'",
         "the translated config is not a valid llamaswap config yet: fix the problems above "
-        "(was the llama-swap config valid?)",
+        "(llamaswap refuses some values llama-swap lets through; the notes above name those "
+        "it knows of)",
     ]
     assert "[routing.router.settings.groups.g]" in done.stdout  # still printed, to fix
 
@@ -465,3 +488,179 @@ def test_a_toml_syntax_error_is_still_reported_as_one() -> None:
     with pytest.raises(ConfigError) as raised:
         loads_config("a = = 1\n", file="config.toml")
     assert raised.value.problems[0].message.startswith("invalid TOML: ")
+
+
+def test_the_old_strip_params_beside_strip_params_is_left_out_as_llama_swap_ignores_it() -> None:
+    result, config = translate(
+        """
+        models:
+          a:
+            cmd: s --port ${PORT}
+            filters:
+              strip_params: "top_k"
+              stripParams: "temperature, top_p"
+        """
+    )
+    assert config.models["a"].filters.strip_params == ("temperature", "top_p")
+    assert remarks(result) == [("models.a.filters.strip_params", True)]
+
+
+def test_a_whole_env_value_in_a_free_form_table_is_noted_as_text_in_llamaswap() -> None:
+    result = import_yaml(
+        textwrap.dedent(
+            """
+            macros:
+              base: 4
+              chained: "${base}"
+              direct: 4
+            models:
+              m:
+                cmd: s --port ${PORT}
+                metadata:
+                  ctx: ${env.CTX}
+                  quoted: "${env.CTX}"
+                  n: "${chained}"
+                  d: ${direct}
+                filters:
+                  setParams:
+                    temperature: ${env.TEMP}
+                    stop: ["${env.STOP}"]
+            """
+        )
+    )
+    # llama-swap puts an unquoted variable's value into the YAML text, and follows a
+    # macro holding another macro to its number; llamaswap keeps text in both cases.
+    assert remarks(result) == [
+        ("models.m.metadata.ctx", False),
+        ("models.m.metadata.n", False),
+        ("models.m.filters.setParams.temperature", False),
+    ]
+    assert "[macros] entry that holds it" in result.remarks[0].message
+
+
+def test_llama_swaps_booleans_and_numbers_in_groups_and_preload() -> None:
+    _, config = translate(
+        """
+        models:
+          "2": {cmd: "s --port ${PORT}"}
+        groups:
+          g: {members: [2], swap: no, exclusive: off, persistent: Y}
+        hooks:
+          on_startup:
+            preload: [2]
+        """
+    )
+    group = config.routing.router.settings.groups["g"]
+    assert (group.members, group.swap, group.exclusive, group.persistent) == (
+        ("2",),
+        False,
+        False,
+        True,
+    )
+    assert config.hooks.on_startup.preload == ("2",)
+
+
+def test_what_llama_swap_neither_reads_nor_checks_is_left_out() -> None:
+    result, config = translate(
+        """
+        routing:
+          router:
+            use: group
+            settings:
+              groups:
+                main: {members: [qwen, embed], swap: false}
+              matrix:
+                vars: {q: qwen, o: old-model}
+                sets: {s1: "q & o"}
+        models:
+          qwen: {cmd: "s --port ${PORT}", aliases: [q]}
+          embed: {cmd: "s --port ${PORT}"}
+        hooks:
+          on_startup:
+            preload: [" embed ", old-model, q, ""]
+        """
+    )
+    assert config.routing.router.settings.matrix is None
+    assert config.hooks.on_startup.preload == ("embed", "q")
+    assert remarks(result) == [
+        ("routing.router.settings.matrix", True),
+        ("hooks.on_startup.preload[1]", True),
+        ("hooks.on_startup.preload[3]", True),
+    ]
+
+
+def test_a_model_id_or_alias_llamaswap_refuses_is_named_with_the_rule() -> None:
+    result = import_yaml('models:\n  "a ":\n    cmd: s\n    aliases: [" c", "d e"]\n')
+    assert remarks(result) == [('models."a "', False), ('models."a ".aliases[0]', False)]
+    assert "a model ID must not be empty" in result.remarks[0].message
+    assert "an alias must not be empty" in result.remarks[1].message
+
+
+def test_a_macro_in_a_key_is_noted_but_not_in_set_params_by_id() -> None:
+    result = import_yaml(
+        textwrap.dedent(
+            """
+            models:
+              "${env.NAME}":
+                cmd: s --port ${PORT}
+                metadata: {"${env.KEY}": 1}
+                filters:
+                  setParamsByID: {"${MODEL_ID}:hot": {temperature: 1}}
+            """
+        )
+    )
+    assert remarks(result) == [
+        ('models."${env.NAME}"', False),
+        ('models."${env.NAME}".metadata."${env.KEY}"', False),
+    ]
+    assert "llama-swap fills in ${env.NAME} there" in result.remarks[0].message
+
+
+@pytest.mark.parametrize(
+    "router",
+    [
+        "{settings: {}}",  # sets nothing: llama-swap reads the top-level groups
+        "{settings: {groups: {}}, use: ''}",
+    ],
+)
+def test_legacy_groups_move_when_routing_router_sets_nothing(router: str) -> None:
+    result, config = translate(
+        f"""
+        models:
+          a: {{cmd: "a --port ${{PORT}}"}}
+        groups:
+          g: {{members: [a], swap: false}}
+        routing:
+          router: {router}
+          scheduler: {{use: fifo}}
+        """
+    )
+    assert config.routing.router.settings.groups["g"].swap is False
+    assert remarks(result) == []
+
+
+def test_empty_legacy_groups_beside_routing_router_are_no_conflict() -> None:
+    result, config = translate(
+        """
+        models:
+          a: {cmd: "a --port ${PORT}"}
+        groups: {}
+        routing:
+          router:
+            settings:
+              groups:
+                g: {members: [a]}
+        """
+    )
+    assert config.routing.router.settings.groups["g"].members == ("a",)
+    assert remarks(result) == []
+
+
+def test_the_command_leaves_a_whole_env_value_to_the_variable(tmp_path: Path) -> None:
+    (tmp_path / "env.yaml").write_text(
+        "sendLoadingState: ${env.SLS}\nmodels:\n  a:\n    cmd: a --port ${PORT}\n",
+        encoding="utf-8",
+    )
+    done = run("import-config", "env.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "env.yaml: translated; every key translated\n"
