@@ -150,7 +150,7 @@ async def serve(
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
         hub = EventHub()
-        logs = Logs(own_log, lambda: {m: s.log for m, s in router.supervisors.items()})
+        logs = Logs.of(own_log, router)
         app = create_app(
             router,
             pool,

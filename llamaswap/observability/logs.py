@@ -21,7 +21,8 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import final
+from functools import partial
+from typing import TYPE_CHECKING, final
 
 import attrs
 import trio
@@ -30,6 +31,9 @@ from llamaswap.process import LogLine, LogRing
 from llamaswap.process.supervisor import output_logger
 
 from .feed import Feed, Feeds
+
+if TYPE_CHECKING:
+    from llamaswap.router import Router
 
 __all__ = [
     "LOG_FORMAT",
@@ -48,6 +52,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 OWN_LOG_LINES = 1000
 #: Lines a log follower may fall behind before lines are dropped.
 FOLLOWER_BUFFER = 1000
+
+Sink = Callable[["SourcedLine"], None]
 
 
 #: ``logTimeFormat`` names (Go's time layouts, as llama-swap spells them) as strftime formats;
@@ -192,8 +198,9 @@ async def capture_logs(ring: LogRing) -> AsyncIterator[RingHandler]:
 
 @final
 class Logs:
-    """llamaswap's own log (``own``) and every model's output (``models()``, read each
-    time, so it follows the configuration)."""
+    """llamaswap's own log (``own``) and every model's output: their history is in their
+    rings (``models()``, read each time, so it follows the configuration), and their new
+    lines come from ``own`` and ``model_line`` (``Logs.of`` has the router call it)."""
 
     def __init__(
         self,
@@ -205,14 +212,38 @@ class Logs:
         self.own = own
         self._models = models
         self._followers: Feeds[SourcedLine] = Feeds(buffer)
+        self._everything: list[Sink] = []  # every new line goes to these
+        self._by_model: dict[str, list[Sink]] = {}  # and one model's lines to those
+        own.subscribe(partial(self._line, None))
+
+    @classmethod
+    def of(cls, own: LogRing, router: Router) -> Logs:
+        """The logs of ``own`` and of ``router``'s models, those a reload adds included."""
+        logs = cls(own, lambda: {m: s.log for m, s in router.supervisors.items()})
+        router.add_output_listener(logs.model_line)
+        return logs
 
     def models(self) -> Mapping[str, LogRing]:
         return self._models()
 
+    def model_line(self, model: str, line: LogLine) -> None:
+        """``model``'s server printed ``line`` (in its ring already)."""
+        self._line(model, line)
+
     def history(self, model: str | None = None) -> list[SourcedLine]:
         """Every line kept, oldest first: ``model``'s, or (``None``) llamaswap's own and
         every model's, merged by time."""
-        return [line for _, line in self._sources(model)[1]]
+        if model is not None:
+            rings: dict[str | None, LogRing] = {model: self._models()[model]}
+        else:
+            rings = {None: self.own}
+            rings.update(self._models())
+        streams = [
+            [(line.time, SourcedLine(source, line)) for line in ring.lines()]
+            for source, ring in rings.items()
+        ]
+        # Stable: lines of one ring keep their order, and equal times keep ring order.
+        return [line for _, line in heapq.merge(*streams, key=lambda pair: pair[0])]
 
     @contextmanager
     def follow(
@@ -223,15 +254,14 @@ class Logs:
         Nothing is lost or repeated between the two: both are taken at the same moment.
         The feed ends when ``close`` is called (shutdown); leaving the block unsubscribes.
         """
-        rings, lines = self._sources(model)
-        with self._followers.open() as feed, _subscribed(rings, feed.put):
-            yield [line for _, line in lines], feed
+        past = self.history(model)
+        with self._followers.open() as feed, self._sink(model, feed.put):
+            yield past, feed
 
     @contextmanager
-    def tap(self, sink: Callable[[SourcedLine], None]) -> Iterator[None]:
+    def tap(self, sink: Sink) -> Iterator[None]:
         """Call ``sink`` for every new line (own and every model's) while the block runs."""
-        rings, _ = self._sources(None, history=False)
-        with _subscribed(rings, sink):
+        with self._sink(None, sink):
             yield
 
     def close(self) -> None:
@@ -245,37 +275,22 @@ class Logs:
     def followers(self) -> int:
         return len(self._followers)
 
-    def _sources(
-        self, model: str | None, *, history: bool = True
-    ) -> tuple[dict[str | None, LogRing], list[tuple[float, SourcedLine]]]:
-        if model is not None:
-            rings: dict[str | None, LogRing] = {model: self._models()[model]}
-        else:
-            rings = {None: self.own}
-            rings.update(self._models())
-        if not history:
-            return rings, []
-        streams = [
-            [(line.time, SourcedLine(source, line)) for line in ring.lines()]
-            for source, ring in rings.items()
-        ]
-        # Stable: lines of one ring keep their order, and equal times keep ring order.
-        return rings, list(heapq.merge(*streams, key=lambda pair: pair[0]))
+    @contextmanager
+    def _sink(self, model: str | None, sink: Sink) -> Iterator[None]:
+        """``sink`` hears ``model``'s new lines (every line, for ``None``) in the block."""
+        sinks = self._everything if model is None else self._by_model.setdefault(model, [])
+        sinks.append(sink)
+        try:
+            yield
+        finally:
+            sinks.remove(sink)
 
-
-@contextmanager
-def _subscribed(
-    rings: Mapping[str | None, LogRing], sink: Callable[[SourcedLine], None]
-) -> Iterator[None]:
-    unsubscribes: list[Callable[[], None]] = []
-    try:
-        for source, ring in rings.items():
-
-            def deliver(line: LogLine, source: str | None = source) -> None:
-                sink(SourcedLine(source, line))
-
-            unsubscribes.append(ring.subscribe(deliver))
-        yield
-    finally:
-        for unsubscribe in unsubscribes:
-            unsubscribe()
+    def _line(self, source: str | None, line: LogLine) -> None:
+        if not self._everything and source not in self._by_model:
+            return
+        item = SourcedLine(source, line)
+        for sink in tuple(self._everything):
+            sink(item)
+        if source is not None:
+            for sink in tuple(self._by_model.get(source, ())):
+                sink(item)

@@ -56,7 +56,7 @@ def register(
     llamaswap's own log empty stand in.
     """
     if logs is None:
-        logs = Logs(LogRing(), lambda: {m: s.log for m, s in router.supervisors.items()})
+        logs = Logs.of(LogRing(), router)
     events = RouterEvents(hub, router, activity)
     events.connect()
 

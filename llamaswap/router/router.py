@@ -29,7 +29,7 @@ import trio
 
 from llamaswap.config.model import Config, ModelConfig
 from llamaswap.errors import InternalError, ModelUnloaded, RequestError, ShuttingDown
-from llamaswap.process import ModelState, ModelSupervisor, Probe, Spawner, StateListener
+from llamaswap.process import LogLine, ModelState, ModelSupervisor, Probe, Spawner, StateListener
 from llamaswap.schedulers import (
     CancelSwap,
     Decision,
@@ -58,6 +58,8 @@ DecisionListener = Callable[[Decision], None]
 #: Told when a request is admitted ("queued") and released ("done" after a grant,
 #: "failed", "cancelled" while waiting), with its snapshot.
 RequestListener = Callable[[str, RequestInfo], None]
+#: Told of each line a model's server prints, with the model's ID.
+OutputListener = Callable[[str, LogLine], None]
 
 
 @final
@@ -87,6 +89,7 @@ class Router:
         self._listeners = list(listeners)
         self._decision_listeners: list[DecisionListener] = []
         self._request_listeners: list[RequestListener] = []
+        self._output_listeners: list[OutputListener] = []
         self._leases = Leases()
         #: Every model ever configured (a removed one stays, stopped, for its stragglers).
         self.supervisors = {
@@ -104,7 +107,7 @@ class Router:
         self._orphans: list[Ticket] = []
 
     def _supervisor(self, model_id: str, model: ModelConfig) -> ModelSupervisor:
-        return ModelSupervisor(
+        supervisor = ModelSupervisor(
             model_id,
             model,
             spawner=self._spawner,
@@ -113,6 +116,8 @@ class Router:
             listener=self._on_model_state,
             in_flight=partial(self._leases.in_flight, model_id),
         )
+        supervisor.log.subscribe(partial(self._on_output, model_id))
+        return supervisor
 
     def add_listener(self, listener: StateListener) -> None:
         self._listeners.append(listener)
@@ -124,6 +129,11 @@ class Router:
     def add_request_listener(self, listener: RequestListener) -> None:
         """``listener`` is told of each admission and release (events); it must not raise."""
         self._request_listeners.append(listener)
+
+    def add_output_listener(self, listener: OutputListener) -> None:
+        """``listener`` hears every model's output, line by line (live logs), that of the
+        models a reload adds too; it must not block or raise."""
+        self._output_listeners.append(listener)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
@@ -504,6 +514,10 @@ class Router:
             self._decide(what, scheduler, scheduler.on_swap_done, swap, error, concerned=waiters)
             if scheduler is not self.scheduler:  # a retired scheduler's load: it blocked
                 self._decide(what, self.scheduler, self.scheduler.on_swap_done, swap, error)
+
+    def _on_output(self, model: str, line: LogLine) -> None:
+        for listener in self._output_listeners:
+            listener(model, line)
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
         for scheduler in self._schedulers():

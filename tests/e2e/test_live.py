@@ -116,7 +116,7 @@ async def serve_in_process(nursery: trio.Nursery, config: Config) -> Served:
     spawner = FakeSpawner(nursery, Script(healthy_after=0.0, output=("model says hi",)))
     router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
     hub = EventHub()
-    logs = Logs(LogRing(), lambda: {m: s.log for m, s in router.supervisors.items()})
+    logs = Logs.of(LogRing(), router)
     await nursery.start(hub.run)
     await nursery.start(router.run)
     pool = UpstreamPool()

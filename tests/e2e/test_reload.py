@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -129,6 +130,37 @@ async def test_a_reload_keeps_unchanged_models_and_applies_the_rest(
     text = proxy.output.text()
     assert "model 'alpha': stopping" not in text
     assert "model 'beta': stopping once its requests finish (its configuration changed)" in text
+
+
+async def skip_to(stream: LiveStream, wanted: Callable[[str], bool]) -> str:
+    """The first line ``wanted`` accepts (the stream must not end before it)."""
+    while (line := await stream.next_line()) is not None:
+        if wanted(line):
+            return line
+    raise AssertionError("the stream ended first")
+
+
+def is_beta_log(line: str) -> bool:
+    event = json.loads(line.removeprefix("data: "))
+    return bool(event["type"] == "log" and event["model"] == "beta")
+
+
+async def test_log_streams_open_across_a_reload_show_the_models_it_adds(
+    proxy_factory: StartProxy,
+) -> None:
+    ports = free_port_base()
+    proxy = await proxy_factory(config({"alpha": ""}, ports=ports))
+    everything = await LiveStream.open(proxy.url, "/logs/stream?no-history")
+    events = await LiveStream.open(proxy.url, "/api/events?logs=1")
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            rewrite(proxy.config, config({"alpha": "", "beta": ""}, ports=ports))
+            assert (await client.post("/api/config/reload")).json()["ok"]
+            assert await chat_status(client, "beta") == 200
+            await skip_to(everything, lambda line: line.startswith("[beta] "))
+            await skip_to(events, lambda line: line.startswith("data: ") and is_beta_log(line))
+    await everything.aclose()
+    await events.aclose()
 
 
 async def test_an_invalid_edit_changes_nothing(proxy_factory: StartProxy) -> None:

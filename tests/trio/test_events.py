@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, Literal
 
 import pytest
@@ -484,10 +485,30 @@ async def test_history_merges_every_log_by_time_and_prefixes_model_lines() -> No
     assert [line.line for line in logs.history("code")] == [LogLine(3.0, "code")]
 
 
+async def test_followers_hear_models_that_come_later_and_only_their_model() -> None:
+    models = {"chat": ring()}
+    logs = Logs(ring(), lambda: models)
+    with logs.follow() as (_, everything), logs.follow("chat") as (_, chat_only):
+        models["code"] = ring((1.0, "code's first"))  # a reload added it
+        logs.model_line("code", models["code"].lines()[0])
+        models["chat"].append(2.0, "chat's first")
+        logs.model_line("chat", models["chat"].lines()[0])
+        got = [everything.receive_nowait(), everything.receive_nowait()]
+        assert got == [logs.history()[0], logs.history()[1]]
+        assert [line.text for line in logs.history()] == [
+            "[code] code's first",
+            "[chat] chat's first",
+        ]
+        assert chat_only.receive_nowait() == got[1]
+        with pytest.raises(trio.WouldBlock):
+            chat_only.receive_nowait()
+
+
 async def test_a_follower_gets_history_then_every_later_line_until_closed() -> None:
     own = ring((1.0, "before"))
     chat = ring()
     logs = Logs(own, lambda: {"chat": chat}, buffer=2)
+    chat.subscribe(partial(logs.model_line, "chat"))  # as Logs.of has the router do
     with logs.follow() as (history, feed):
         assert [line.text for line in history] == ["before"]
         assert logs.followers() == 1
