@@ -184,16 +184,28 @@ async def serve(
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
             task_status.started(url)
+
+            async def shut_down() -> None:
+                if app.reloader is not None:
+                    app.reloader.close()
+                stop_accepting.set()
+                await router.shutdown(grace=router.config.unload_timeout)
+                await _end_live_streams(hub, logs)
+                nursery.cancel_scope.cancel(reason="shut down")
+
+            # Signals stay handled until the end: one arriving during the shutdown must
+            # not end the process at once (SIGHUP's default) while models are stopping.
+            stopping = False
             async for signum in signals:
-                if signum == signal.SIGHUP:
+                name = signal.Signals(signum).name
+                if stopping:
+                    logger.info("received %s: already shutting down", name)
+                elif signum == signal.SIGHUP:
                     if app.reloader is None:
                         logger.warning("received SIGHUP: no config file to reload from")
                     else:
                         nursery.start_soon(app.reloader.reload, "SIGHUP")
-                    continue
-                logger.info("received %s: shutting down", signal.Signals(signum).name)
-                break
-        stop_accepting.set()
-        await router.shutdown(grace=router.config.unload_timeout)
-        await _end_live_streams(hub, logs)
-        nursery.cancel_scope.cancel(reason="shut down")
+                else:
+                    logger.info("received %s: shutting down", name)
+                    stopping = True
+                    nursery.start_soon(shut_down)

@@ -27,7 +27,7 @@ import attrs
 import trio
 import watchfiles
 
-from llamaswap.config import load_config
+from llamaswap.config import Config, load_config
 from llamaswap.config.macros import port_free
 from llamaswap.errors import ConfigError
 from llamaswap.router import Router
@@ -41,6 +41,8 @@ logger = logging.getLogger("llamaswap.reload")
 DEBOUNCE_MS = 200
 #: How often the watch thread returns, so that cancelling the watch is prompt.
 WATCH_STEP_MS = 250
+#: Seconds a reload may take to read and check the file.
+READ_TIMEOUT = 10.0
 
 
 @attrs.frozen
@@ -80,22 +82,28 @@ class Reloader:
         self._router = router
         self._on_result = on_result
         self._lock = trio.Lock()
+        self._closed = False
         self.last_success: float | None = None  # wall-clock time (for metrics and the UI)
+
+    def close(self) -> None:
+        """llamaswap is shutting down: a reload in progress, or asked for later, fails."""
+        self._closed = True
 
     async def reload(self, trigger: str) -> ReloadResult:
         """Validate the file, then apply it; an invalid file changes nothing.
 
-        *Cancellation*: validation may be abandoned; once applying has begun it finishes
-        (shielded), so a configuration is never half applied.
+        Reading the file may take at most ``READ_TIMEOUT`` seconds (a hung network mount
+        must not hold reloads, and shutdown, forever).
+
+        *Cancellation*: validation is abandoned at once (its thread is left to finish on
+        its own); once applying has begun it finishes (shielded), so a configuration is
+        never half applied.
         """
         async with self._lock:
-            try:
-                ours = self._own_ports()
-                config = await trio.to_thread.run_sync(
-                    partial(load_config, self.path, free=lambda h, p: p in ours or port_free(h, p))
-                )
-            except ConfigError as exc:
-                problems = tuple(problem.render(exc.file) for problem in exc.problems)
+            config, problems = await self._read()
+            if config is not None and self._closed:
+                problems = ("llamaswap is shutting down; the running config stays",)
+            if config is None or problems:
                 result = ReloadResult(False, trigger, problems=problems)
             else:
                 with trio.CancelScope(shield=True):
@@ -104,6 +112,20 @@ class Reloader:
                 self.last_success = trio.current_time()
             self._report(result)
             return result
+
+    async def _read(self) -> tuple[Config | None, tuple[str, ...]]:
+        """The file's configuration, or why there is none."""
+        ours = self._own_ports()
+        load = partial(load_config, self.path, free=lambda h, p: p in ours or port_free(h, p))
+        try:
+            with trio.fail_after(READ_TIMEOUT):
+                return await trio.to_thread.run_sync(load, abandon_on_cancel=True), ()
+        except ConfigError as exc:
+            return None, tuple(problem.render(exc.file) for problem in exc.problems)
+        except trio.TooSlowError:
+            return None, (
+                f"{self.path}: not read within {READ_TIMEOUT:g} s; is it on a hung mount?",
+            )
 
     def _own_ports(self) -> frozenset[int]:
         """The ports of the running configuration's models: in use by them, so free for

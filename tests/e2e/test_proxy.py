@@ -356,6 +356,30 @@ async def test_sigterm_stops_every_model(proxy_factory: StartProxy) -> None:
     assert survivors(proxy.marker) == []
 
 
+async def test_signals_during_the_shutdown_do_not_cut_it_short(proxy_factory: StartProxy) -> None:
+    """SIGHUP (whose default ends a process) and a second SIGTERM while a model that
+    ignores SIGTERM is being stopped: the shutdown goes on to its end, and exits 0."""
+    proxy = await proxy_factory(
+        config('[models.stubborn]\ncmd = "${fake} --ignore-sigterm"\nunloadTimeout = 3\n')
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/stubborn")).status_code == 200
+            pid = (await running(client))["stubborn"]["pid"]
+    with trio.fail_after(20):
+        proxy.process.send_signal(signal.SIGTERM)
+        await proxy.output.wait_for("received SIGTERM: shutting down")
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            proxy.process.send_signal(signum)
+            await proxy.output.wait_for(f"received {signum.name}: already shutting down")
+        assert await proxy.process.wait() == 0
+    # llamaswap's own stop ran to its end: the polite request, then SIGKILL.
+    assert "'stubborn': still running 3s after the stop request" in proxy.output.text()
+    assert isinstance(pid, int)
+    assert not alive(pid)
+    assert survivors(proxy.marker) == []
+
+
 @pytest.mark.slow
 async def test_models_outlive_idle_time_but_die_with_a_killed_llamaswap(
     proxy_factory: StartProxy,

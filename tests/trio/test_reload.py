@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 import pytest
 import trio
@@ -22,6 +25,7 @@ from llamaswap.config.model import (
 )
 from llamaswap.errors import ModelUnloaded, RequestError
 from llamaswap.process import ModelState
+from llamaswap.reloader import READ_TIMEOUT, Reloader
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.router.reload import ConfigChanges, diff_config
@@ -249,3 +253,64 @@ async def test_switching_between_group_and_matrix_rebuilds_the_swapper(
     async with lease(router, "b"):  # groups again: a stops
         assert router.running_models() == {"b"}
     assert recorder.states("a") == [S.STARTING, S.READY, S.STOPPING, S.STOPPED] * 2
+
+
+# --- the Reloader: reading the file ------------------------------------------------------
+
+ONE_MODEL = '[models.a]\ncmd = "server 1"\nproxy = "http://m:1"\n'
+
+
+async def test_a_file_that_cannot_be_read_fails_the_reload_after_the_read_timeout(
+    mock_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    tmp_path: Path,
+) -> None:
+    """A FIFO nobody writes stands for a hung network mount: the reading thread is left
+    blocked, and the reload fails instead of holding every later reload (and shutdown).
+    (The clock moves only when told: reading a file takes real time.)"""
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)
+    reloader = Reloader(str(fifo), router)
+    results = []
+
+    async def reload() -> None:
+        results.append(await reloader.reload("api"))
+
+    def release() -> None:  # the blocked read ends, on empty text
+        fifo.open("w").close()
+
+    guard = threading.Timer(10.0, release)  # should the reload never give up: no hang
+    guard.start()
+    async with trio.open_nursery() as reloading:
+        reloading.start_soon(reload)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(READ_TIMEOUT)
+    guard.cancel()
+    (result,) = results
+    assert not result.ok
+    assert result.problems == (f"{fifo}: not read within 10 s; is it on a hung mount?",)
+    await trio.to_thread.run_sync(release)
+    fifo.unlink()
+    fifo.write_text(ONE_MODEL.replace("[models.a]", "[models.b]"))
+    assert (await reloader.reload("api")).ok  # the lock was released
+    assert set(router.config.models) == {"b"}
+
+
+async def test_a_reload_after_shutdown_began_changes_nothing(
+    mock_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    tmp_path: Path,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    path = tmp_path / "config.toml"
+    path.write_text(ONE_MODEL.replace("[models.a]", "[models.b]"))
+    reloader = Reloader(str(path), router)
+    reloader.close()
+    result = await reloader.reload("SIGHUP")
+    assert result.problems == ("llamaswap is shutting down; the running config stays",)
+    assert set(router.config.models) == {"a"}
