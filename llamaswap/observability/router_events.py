@@ -70,7 +70,11 @@ class RouterEvents:
     # ---------------------------------------------------------------- events
 
     def snapshot(self) -> Event:
-        """Every model, the queue, every request in flight, the latest activity."""
+        """Every model, the queue, every request in flight, the latest activity.
+
+        Built for each new subscriber, whose view of the queue is now its own: the next
+        queue event goes out whatever was sent before it."""
+        self._last_queue = None
         router = self._router
         now = trio.current_time()
         return {
@@ -133,7 +137,8 @@ class RouterEvents:
         }
 
     def _queue_event(self) -> Event | None:
-        """The queue now, unless it is what was sent last (an empty queue stays quiet)."""
+        """The queue now, unless it is what was sent last, to every subscriber (an empty
+        queue stays quiet)."""
         event = {"type": "queue", **self._queue_state()}
         if event == self._last_queue:
             return None

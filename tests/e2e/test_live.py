@@ -31,6 +31,7 @@ from llamaswap.process import LogRing
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
 from tests.e2e.conftest import StartProxy
+from tests.e2e.test_operations import wait_for_request
 from tests.e2e.test_proxy import chat, config
 from tests.fakes import FakeProbe, FakeSpawner, Script
 
@@ -325,6 +326,31 @@ async def test_api_keys_guard_the_live_routes(nursery: trio.Nursery, path: str) 
 # ------------------------------------------------------------- the real proxy
 
 ONE_MODEL = config('[models.alpha]\ncmd = "${fake} --load-seconds 0.2"')
+
+
+async def test_a_client_that_came_while_nobody_listened_hears_the_queue_change(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """The last queue event anyone got said "empty"; a load starts while nobody listens;
+    a client that comes during it must hear the queue go back to empty."""
+    proxy = await proxy_factory(ONE_MODEL.replace("--load-seconds 0.2", "--load-seconds 1"))
+    first, second = Events(), Events()
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as listening:
+                await listening.start(first.follow, proxy.url)
+                assert (await client.post("/api/models/load/alpha")).status_code == 200
+                await first.wait_for(lambda e: e["type"] == "queue" and e["loading"] == 1)
+                await first.wait_for(lambda e: e["type"] == "queue" and e["loading"] == 0)
+                listening.cancel_scope.cancel()  # hangs up
+            assert (await client.post("/api/models/unload")).status_code == 200
+            async with trio.open_nursery() as loading:
+                loading.start_soon(client.post, "/api/models/load/alpha")
+                await wait_for_request(client, "alpha", "loading")
+                await nursery.start(second.follow, proxy.url)
+                snapshot = await second.wait_for(lambda e: e["type"] == "snapshot")
+                assert snapshot["queue"]["loading"] == 1
+                await second.wait_for(lambda e: e["type"] == "queue" and e["loading"] == 0)
 
 
 async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_state(
