@@ -46,7 +46,7 @@ from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 from . import cors, live, ui
 from .auth import authorized
 from .errors import error_response
-from .exchange import Exchange, Recorder
+from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .operations import client_address, model_status, register
 from .upstream import UpstreamPool
@@ -381,6 +381,9 @@ def create_app(
         except RequestError as exc:
             exchange.status = error_response(exc)[0]
             exchange.error = str(exc)
+            raise
+        except trio.Cancelled:
+            exchange.error = CLIENT_LEFT  # Quart cancels the view of a client that left
             raise
         finally:
             recorder.finish(exchange)

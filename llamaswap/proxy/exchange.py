@@ -19,7 +19,7 @@ from llamaswap.observability.activity import iso_time
 from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
 
-__all__ = ["Exchange", "Recorder"]
+__all__ = ["CLIENT_LEFT", "Exchange", "Recorder"]
 
 
 @attrs.define(eq=False)
@@ -41,6 +41,8 @@ class Exchange:
 
 #: Recorded when the client went away before any response was sent (as nginx does).
 CLIENT_CLOSED = 499
+#: The error recorded for a request whose client went away before its answer ended.
+CLIENT_LEFT = "client disconnected"
 
 
 @final

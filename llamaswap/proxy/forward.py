@@ -53,7 +53,7 @@ from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 from . import anthropic
 from .auth import authorized
 from .errors import error_response
-from .exchange import Exchange, Recorder
+from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
 from .operations import client_address
@@ -309,7 +309,7 @@ class Forwarder:
                 await self._report(reply, exc, close=not body.complete, messages=messages)
             finally:
                 if body.disconnected and not reply.finished and exchange.error is None:
-                    exchange.error = "client disconnected"
+                    exchange.error = CLIENT_LEFT
                 self._recorder.finish(exchange)
             nursery.cancel_scope.cancel()  # the watcher, if hypercorn has not ended it yet
 

@@ -246,6 +246,22 @@ async def test_a_manual_load_is_listed_and_cancelled(
     assert "cancelled by an operator" in record["error"]
 
 
+async def test_a_manual_load_whose_client_leaves_is_recorded_as_such(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client, proxy.client() as leaving:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as loading:
+                loading.start_soon(leaving.post, "/api/models/load/slow")
+                await wait_for_request(client, "slow", "loading")
+                loading.cancel_scope.cancel()  # hangs up
+            await proxy.output.wait_for(r"model 'slow': stopped")  # nobody else wanted it
+            record = await activity_of(client, "slow")
+    assert (record["path"], record["status"]) == ("/api/models/load/slow", 499)
+    assert record["error"] == "client disconnected"
+
+
 async def test_cancelling_what_is_not_in_flight_is_a_json_404(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(MODELS)
     async with proxy.client() as client:
