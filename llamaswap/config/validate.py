@@ -19,7 +19,7 @@ from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config, ModelConfig
 from .paths import Path, Problem, format_path, suggestion
 from .values import number_text
 
-__all__ = ["validate"]
+__all__ = ["NAME_RULE", "bad_name", "validate"]
 
 _GROUPS: Path = ("routing", "router", "settings", "groups")
 _MATRIX: Path = ("routing", "router", "settings", "matrix")
@@ -122,11 +122,11 @@ def _check_url(url: str, path: Path, problems: list[Problem]) -> None:
         problems.append(Problem(path, f"expected a port from 1 to 65535 in the URL, got {url!r}"))
 
 
-_NAME_RULE = "must not be empty, start or end with a space, or hold whitespace but spaces"
+NAME_RULE = "must not be empty, start or end with a space, or hold whitespace but spaces"
 
 
-def _bad_name(name: str) -> bool:
-    """Whether a model ID or alias breaks :data:`_NAME_RULE`: a name travels in JSON and
+def bad_name(name: str) -> bool:
+    """Whether a model ID or alias breaks :data:`NAME_RULE`: a name travels in JSON and
     in URL paths, where spaces are fine (llama-swap users have ``"Qwen3 30B A3B"``), but
     a tab or a line break would not survive a header or a log line."""
     return name.strip(" ") != name or not name or any(c.isspace() and c != " " for c in name)
@@ -136,8 +136,8 @@ def _check_models(config: Config, dropped: Collection[str], problems: list[Probl
     owners: dict[str, str] = {}  # alias -> model ID that claimed it first
     for model_id, model in config.models.items():
         base: Path = ("models", model_id)
-        if _bad_name(model_id):
-            problems.append(Problem(base, f"model ID {model_id!r} {_NAME_RULE}"))
+        if bad_name(model_id):
+            problems.append(Problem(base, f"model ID {model_id!r} {NAME_RULE}"))
         _check_url(model.proxy, (*base, "proxy"), problems)
         if model.check_endpoint != CHECK_NONE and not model.check_endpoint.startswith("/"):
             problems.append(
@@ -151,8 +151,8 @@ def _check_models(config: Config, dropped: Collection[str], problems: list[Probl
             for name in _by_id_aliases(model_id, model)
         ]
         for path, alias in [*_indexed((*base, "aliases"), model.aliases), *by_id]:
-            if _bad_name(alias):
-                problems.append(Problem(path, f"alias {alias!r} {_NAME_RULE}"))
+            if bad_name(alias):
+                problems.append(Problem(path, f"alias {alias!r} {NAME_RULE}"))
             elif (alias in config.models or alias in dropped) and alias != model_id:
                 problems.append(
                     Problem(

@@ -53,8 +53,7 @@ from tomlkit.items import Array, Comment, Item, String, StringType, Table, Trivi
 from ..config import model as schema
 from ..config.matrix_expr import And, MatrixExprError, Name, Node, Or, parse_expr
 from ..config.paths import Path, format_path
-from ..config.validate import _NAME_RULE as NAME_RULE
-from ..config.validate import _bad_name as bad_name
+from ..config.validate import NAME_RULE, bad_name
 from .comments import Comments, find_comments
 
 __all__ = ["ImportResult", "Remark", "YamlError", "import_yaml"]
@@ -440,7 +439,7 @@ class _Translator:
             return tomlkit.item(_YAML11_BOOLS[value])
         if scalar == "str" and isinstance(value, (int, float)):  # bools are ints too
             return _string(_go_text(value))
-        if scalar == "free" and isinstance(value, str) and self._typed_there(value, path):
+        if scalar == "free" and isinstance(value, str) and self._typed_there(value):
             self.note(
                 path,
                 f"llama-swap reads {value} as a number or true/false when its value is one; "
@@ -470,31 +469,13 @@ class _Translator:
             self.skip(path, f"TOML has no value like {value!r}")
             return None
 
-    def _typed_there(self, text: str, path: Path, *, via: frozenset[str] = frozenset()) -> bool:
-        """Whether llama-swap reads ``text``, a value at ``path``, as a number or boolean
-        where llamaswap reads text: an unquoted ``${env.NAME}`` (llama-swap fills it into
-        the YAML text before parsing it), or a macro whose value is another macro of a
-        number (llamaswap keeps a number only from a macro holding one itself)."""
+    @staticmethod
+    def _typed_there(text: str) -> bool:
+        """Whether llama-swap reads ``text`` as a number or boolean where llamaswap reads
+        text: an unquoted ``${env.NAME}``, which llama-swap fills into the YAML text
+        before parsing it (a quoted one is text in both)."""
         match = _MACRO.fullmatch(text)
-        if match is None:
-            return False
-        name = match[1]
-        if name.startswith("env."):
-            return type(text) is str  # plain: not a quoted ruamel ScalarString
-        value = self.macro(name, path)
-        if isinstance(value, str) and name not in via:
-            return self._typed_there(value, path, via=via | {name})
-        return bool(via) and isinstance(value, (int, float))
-
-    def macro(self, name: str, path: Path) -> object:
-        """The value of the macro ``name`` where ``path`` is: the model's, else the global
-        one (``None``: no such macro)."""
-        scopes = [self.source((*path[:2], "macros")) if path[:1] == ("models",) else None]
-        scopes.append(self.root.get("macros"))
-        for scope in scopes:
-            if isinstance(scope, Mapping) and name in scope:
-                return scope[name]
-        return None
+        return match is not None and match[1].startswith("env.") and type(text) is str
 
     def array(
         self, values: list[Any], path: Path, scalar: _Scalar, *, dropped: Set[int] = frozenset()

@@ -528,11 +528,10 @@ def test_a_whole_env_value_in_a_free_form_table_is_noted_as_text_in_llamaswap() 
             """
         )
     )
-    # llama-swap puts an unquoted variable's value into the YAML text, and follows a
-    # macro holding another macro to its number; llamaswap keeps text in both cases.
+    # llama-swap puts an unquoted variable's value into the YAML text; llamaswap keeps
+    # text. (Both follow a macro holding another macro to its number.)
     assert remarks(result) == [
         ("models.m.metadata.ctx", False),
-        ("models.m.metadata.n", False),
         ("models.m.filters.setParams.temperature", False),
     ]
     assert "[macros] entry that holds it" in result.remarks[0].message
