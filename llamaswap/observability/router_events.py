@@ -80,7 +80,7 @@ class RouterEvents:
         return {
             "type": "snapshot",
             "scheduler": router.scheduler.name,
-            "models": [self._model(model) for model in router.supervisors],
+            "models": [self._model(model) for model in router.shown_models()],
             "queue": self._queue_state(),
             "requests": [_from_info(info, info.state, now) for info in router.requests()],
             "activity": [record.to_json() for record in self._activity.recent(SNAPSHOT_ACTIVITY)],

@@ -391,6 +391,14 @@ class Router:
     def model_state(self, model: str) -> ModelState:
         return self.supervisors[model].state
 
+    def shown_models(self) -> list[str]:
+        """The models to show: every configured one, and a removed one until it stops."""
+        return [
+            model
+            for model, supervisor in self.supervisors.items()
+            if model in self.config.models or supervisor.state is not ModelState.STOPPED
+        ]
+
     def running_models(self) -> Set[str]:
         return {m for m, s in self.supervisors.items() if s.state is not ModelState.STOPPED}
 
