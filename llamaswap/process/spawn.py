@@ -17,9 +17,18 @@ import trio
 
 from .lifeline import Lifeline
 
-__all__ = ["ProcessHandle", "Spawner", "SubprocessHandle", "SubprocessSpawner"]
+__all__ = [
+    "OUTPUT_DRAIN_SECONDS",
+    "ProcessHandle",
+    "Spawner",
+    "SubprocessHandle",
+    "SubprocessSpawner",
+]
 
 MAX_LINE_BYTES = 16 * 1024
+#: Seconds a process's output is still read after it has exited (a child that left its
+#: process group may hold it open).
+OUTPUT_DRAIN_SECONDS = 1.0
 
 
 class ProcessHandle(Protocol):
@@ -56,7 +65,12 @@ class Spawner(Protocol):
     async def run(
         self, argv: Sequence[str], env: Mapping[str, str], sink: Callable[[str], None]
     ) -> int:
-        """Run ``argv`` to completion (used for ``cmdStop``), its output into ``sink``."""
+        """Run ``argv`` until it exits (used for ``cmdStop``), its output into ``sink``;
+        what it leaves in its process group is killed.
+
+        Raises:
+            the errors of ``spawn``.
+        """
 
 
 @final
@@ -141,8 +155,23 @@ class SubprocessSpawner:
     ) -> int:
         handle = await self.spawn(argv, env)
         try:
-            await handle.pump_output(sink)
-            return await handle.wait()
+            async with trio.open_nursery() as nursery:
+                output_closed = trio.Event()
+
+                async def pump() -> None:
+                    try:
+                        await handle.pump_output(sink)
+                    finally:
+                        output_closed.set()
+
+                nursery.start_soon(pump)
+                # Done when it exits: what it left in its group is killed then (a helper
+                # sent to the background would hold its output open for good).
+                code = await handle.wait()
+                with trio.move_on_after(OUTPUT_DRAIN_SECONDS):
+                    await output_closed.wait()
+                nursery.cancel_scope.cancel()
+            return code
         finally:
             if handle.returncode is None:
                 handle.signal_group(signal.SIGKILL)

@@ -29,7 +29,7 @@ from ..config.paths import format_path
 from ..errors import LifelineError, ModelStartFailed, ModelUnloaded, RequestError
 from .health import Probe
 from .logring import LogRing
-from .spawn import ProcessHandle, Spawner
+from .spawn import OUTPUT_DRAIN_SECONDS, ProcessHandle, Spawner
 from .state import ModelState, check_transition
 
 __all__ = ["ModelStatistics", "ModelSupervisor", "StateListener"]
@@ -42,8 +42,6 @@ output_logger = logging.getLogger("llamaswap.process.output")
 HEALTH_POLL_INTERVAL = 0.02
 #: Lines of output quoted in a start failure.
 LOG_TAIL_LINES = 5
-#: How long a dead process's output may take to reach end of file before we stop reading.
-OUTPUT_DRAIN_SECONDS = 1.0
 
 StateListener = Callable[[str, ModelState], None]
 
@@ -424,11 +422,20 @@ class ModelSupervisor:
         logger.info("model %r: stopped, exit status %d", self.model_id, self._last_exit_code)
 
     async def _polite_stop(self, process: ProcessHandle) -> None:
-        if self.config.cmd_stop is None:
-            process.signal_group(signal.SIGTERM)
-            return
-        argv = [part.replace("${PID}", str(process.pid)) for part in self.config.cmd_stop]
-        await self._spawner.run(argv, self._env, self._sink("cmdStop: "))
+        """``cmdStop``, or SIGTERM to the group (also when ``cmdStop`` cannot be run)."""
+        if self.config.cmd_stop is not None:
+            argv = [part.replace("${PID}", str(process.pid)) for part in self.config.cmd_stop]
+            try:
+                await self._spawner.run(argv, self._env, self._sink("cmdStop: "))
+                return
+            except (OSError, ValueError, LifelineError) as exc:
+                logger.warning(
+                    "model %r: cannot run cmdStop %r (%s); sending SIGTERM instead",
+                    self.model_id,
+                    argv[0],
+                    getattr(exc, "strerror", None) or exc,
+                )
+        process.signal_group(signal.SIGTERM)
 
     # ------------------------------------------------------------------- TTL
 

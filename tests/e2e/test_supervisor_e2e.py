@@ -145,6 +145,44 @@ async def test_sigterm_ignoring_server_is_sigkilled_after_unload_timeout(
     assert any("received SIGTERM" in line.text for line in supervisor.log.lines())
 
 
+async def test_a_cmd_stop_that_cannot_run_falls_back_to_sigterm(
+    nursery: trio.Nursery,
+    lifeline: Lifeline,
+    pool: UpstreamPool,
+    marker: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """check-config only warns of a cmdStop it cannot find (it may exist where llamaswap
+    runs); at stop time, not finding it must not end llamaswap."""
+    supervisor = await supervise(
+        nursery, lifeline, pool, marker, cmd_stop=("/no/such/stopper", "${PID}")
+    )
+    with trio.fail_after(20):
+        await supervisor.ensure_ready()
+        pid = supervisor.statistics().pid
+        await supervisor.stop("test")
+    assert supervisor.statistics().last_exit_code == 0  # the fake server's on SIGTERM
+    assert pid is not None
+    assert not alive(pid)
+    assert "cannot run cmdStop '/no/such/stopper' (No such file or directory)" in caplog.text
+
+
+async def test_a_cmd_stop_ends_when_it_exits_and_what_it_left_dies(
+    nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
+) -> None:
+    """A cmdStop that sends a helper to the background (which holds its output open):
+    the stop ends with the server, long before unloadTimeout, and the helper is killed
+    (the ``marker`` fixture finds no survivor)."""
+    stop = ("sh", "-c", "kill ${PID}; sleep 300 &")
+    supervisor = await supervise(nursery, lifeline, pool, marker, cmd_stop=stop, unload_timeout=30)
+    with trio.fail_after(20):
+        await supervisor.ensure_ready()
+        started = trio.current_time()
+        await supervisor.stop("test")
+    assert trio.current_time() - started < 15
+    assert supervisor.statistics().last_exit_code == 0
+
+
 async def test_cancelling_a_start_kills_the_process(
     nursery: trio.Nursery, lifeline: Lifeline, pool: UpstreamPool, marker: str
 ) -> None:
