@@ -178,8 +178,8 @@ async def test_a_removed_model_serving_a_request_stops_once_it_is_done(
         assert process.returncode is None  # the request in flight goes on
         assert router.shown_models() == ["a", "b"]  # shown (events) until it stops
     await recorder.wait_for(S.STOPPED, "a")
-    assert process.returncode == 0
     assert router.shown_models() == ["b"]
+    assert process.returncode == 0
 
 
 async def test_switching_scheduler_requeues_waiting_requests_in_arrival_order(
