@@ -190,14 +190,19 @@ def parse_names(value: object) -> tuple[str, ...]:
         raise InvalidValue(
             f"expected an array of strings or one comma-separated string, got {describe(value)}"
         )
+    return tuple(dict.fromkeys(_strings(value)))
+
+
+def _strings(items: list[object]) -> tuple[str, ...]:
+    """An array's strings (plain ones); one problem per item that is not a string."""
     problems = [
         ((index,), f"expected a string, got {describe(item)}")
-        for index, item in enumerate(value)
+        for index, item in enumerate(items)
         if not isinstance(item, str)
     ]
     if problems:
         raise InvalidValue.many(problems)
-    return tuple(dict.fromkeys(str(name) for name in value))
+    return tuple(map(str, items))
 
 
 def parse_int(value: object) -> int:
@@ -308,15 +313,8 @@ def parse_command(value: object) -> tuple[str, ...]:
         _check_command_length(len(value))
         args = tuple(_split_command(value))
     elif isinstance(value, list):
-        bad = [
-            ((index,), f"expected a string, got {describe(item)}")
-            for index, item in enumerate(value)
-            if not isinstance(item, str)
-        ]
-        if bad:
-            raise InvalidValue.many(bad)
-        _check_command_length(sum(len(arg) + 1 for arg in value) - 1)
-        args = tuple(map(str, value))
+        args = _strings(value)
+        _check_command_length(sum(len(arg) + 1 for arg in args) - 1)
     else:
         raise InvalidValue(
             f"expected a command line string or an array of strings, got {describe(value)}"
