@@ -57,6 +57,7 @@ __all__ = [
     "Unauthorized",
     "UpstreamError",
     "only_cause",
+    "output_tail",
 ]
 
 
@@ -219,6 +220,17 @@ class QueueFull(RequestError):
         )
 
 
+#: Characters of each output line an error message quotes (a server may print 16 KiB lines).
+QUOTED_LINE = 300
+
+
+def output_tail(lines: Sequence[str]) -> str:
+    """A server's last lines as an error message quotes them: each cut at QUOTED_LINE."""
+    return " | ".join(
+        line if len(line) <= QUOTED_LINE else line[:QUOTED_LINE] + "…" for line in lines
+    )
+
+
 class ModelStartFailed(RequestError):
     """The model server did not become ready: it exited, ``healthCheckTimeout`` passed, or
     another process already answered on its port."""
@@ -238,7 +250,7 @@ class ModelStartFailed(RequestError):
         self.exit_code = exit_code
         message = f"model {model!r} failed to start: {reason}"
         if self.log_tail:
-            message += " (last output: " + " | ".join(self.log_tail) + ")"
+            message += f" (last output: {output_tail(self.log_tail)})"
         super().__init__(f"{message}; {hint or 'check ' + _key('models', model, 'cmd')}")
 
 

@@ -26,7 +26,7 @@ import trio
 
 from ..config.model import ModelConfig
 from ..config.paths import format_path
-from ..errors import LifelineError, ModelStartFailed, ModelUnloaded, RequestError
+from ..errors import LifelineError, ModelStartFailed, ModelUnloaded, RequestError, output_tail
 from .health import Probe
 from .logring import LogRing
 from .spawn import OUTPUT_DRAIN_SECONDS, ProcessHandle, Spawner
@@ -330,7 +330,7 @@ class ModelSupervisor:
             "model %r: exited unexpectedly with status %d (last output: %s)",
             self.model_id,
             code,
-            " | ".join(self.log.tail(LOG_TAIL_LINES, since=run.log_start)),
+            output_tail(self.log.tail(LOG_TAIL_LINES, since=run.log_start)),
         )
 
     def _fail(self, run: _Run, failure: ModelStartFailed) -> None:

@@ -253,6 +253,12 @@ def test_errors_name_the_config_key_as_the_config_spells_it() -> None:
     assert str(ModelStartFailed("qwen2.5", "exited")).endswith('check models."qwen2.5".cmd')
 
 
+def test_a_start_failure_quotes_at_most_300_characters_of_each_output_line() -> None:
+    failure = ModelStartFailed("m", "exited", log_tail=["x" * 16384, "last words"])
+    assert f"(last output: {'x' * 300}… | last words)" in str(failure)
+    assert failure.log_tail[0] == "x" * 16384  # kept whole for whoever reads the log
+
+
 @pytest.mark.parametrize(
     ("base", "where", "host_header", "prefix"),
     [
