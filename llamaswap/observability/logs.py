@@ -284,6 +284,8 @@ class Logs:
             yield
         finally:
             sinks.remove(sink)
+            if model is not None and not sinks:
+                del self._by_model[model]
 
     def _line(self, source: str | None, line: LogLine) -> None:
         if not self._everything and source not in self._by_model:
