@@ -463,7 +463,8 @@ class Forwarder:
         elif response.status != 200:
             # The loading-state stream already said 200: pass the error on as an event.
             exchange.error = f"upstream answered {response.status}"
-            await reply.body(b"data: " + (await response.read()).strip() + b"\n\n", more=False)
+            event = _error_event(await response.read(), response.status, exchange.model)
+            await reply.body(b"data: " + event + b"\n\n", more=False)
             return
         tap = exchange.tap
         length = response.header(b"content-length")
@@ -564,6 +565,17 @@ def _rewrite(
     if route.model_in is ModelIn.QUERY and rename:
         query = rewrite_query(query, rename)
     return payload, query
+
+
+def _error_event(body: bytes, status: int, model: str) -> bytes:
+    """A model server's error answer as the data of one SSE event: its JSON on one line
+    (an event's data cannot hold a line break), or what is not JSON (an HTML error page)
+    in llamaswap's error object."""
+    try:
+        return json.dumps(json.loads(body), separators=(",", ":")).encode()
+    except (ValueError, RecursionError):
+        text = " ".join(body.decode("utf-8", "replace").split())[:300]
+        return error_response(UpstreamError(model, f"answered {status}: {text}"))[2]
 
 
 def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> bool:

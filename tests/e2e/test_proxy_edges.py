@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import h11
 import httpx
+import openai
 import pytest
 import trio
 
@@ -302,3 +303,63 @@ async def test_an_answer_cut_short_breaks_the_connection_without_a_traceback(
     assert record["status"] == 200  # the status already sent
     assert f"POST /v1/chat/completions: {record['error']}" in proxy.output.text()
     assert "Traceback" not in proxy.output.text()
+
+
+PRETTY_ERROR = b'{\n  "error": {\n    "message": "context too long",\n    "code": 400\n  }\n}\n'
+HTML_ERROR = b"<html>\n<body>\n<h1>502 Bad Gateway</h1>\n</body>\n</html>\n"
+
+
+def slow_health_then_an_error() -> Callable[[Peer, int], Awaitable[None]]:
+    """A model server that is not up before its start (the probe llamaswap makes first),
+    takes a while to turn healthy (so a request waits, with the loading state), then
+    answers every request with an error body on several lines: JSON, or (on the path
+    ``/html``) an HTML page."""
+    checks = 0
+
+    async def script(peer: Peer, index: int) -> None:
+        nonlocal checks
+        while (request := await peer.request()) is not None:
+            head, _ = request
+            if head.target.endswith(b"/health"):
+                checks += 1
+                if checks == 2:
+                    await trio.sleep(1.0)
+                status, body = (503, b"no") if checks == 1 else (200, b"OK")
+            elif head.target.startswith(b"/html/"):
+                status, body = 502, HTML_ERROR
+            else:
+                status, body = 400, PRETTY_ERROR
+            length = [(b"content-length", str(len(body)).encode())]
+            await peer.send(h11.Response(status_code=status, headers=length), h11.Data(data=body))
+            await peer.send(h11.EndOfMessage())
+
+    return script
+
+
+@pytest.mark.parametrize("page", ["json", "html"])
+async def test_an_error_after_the_loading_state_is_one_event_an_sdk_reads(
+    proxy_factory: StartProxy, nursery: trio.Nursery, page: str
+) -> None:
+    """The stream already said 200 when the model server answers with an error: the
+    error goes out as one event an OpenAI client parses (an event's data is one line)."""
+    server = await start_server(nursery, slow_health_then_an_error())
+    prefix = "/html" if page == "html" else ""
+    proxy = await proxy_factory(
+        config(
+            f'[models.m]\ncmd = "${{fake}}"\nproxy = "{server.url}{prefix}"\n'
+            "sendLoadingState = true"
+        )
+    )
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="none", max_retries=0)
+    with trio.fail_after(30):
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        with pytest.raises(openai.APIError) as caught:
+            async for _ in stream:
+                pass
+        await client.close()
+    if page == "json":
+        assert caught.value.message == "context too long"
+    else:
+        assert "answered 502: <html> <body> <h1>502 Bad Gateway</h1>" in caught.value.message
