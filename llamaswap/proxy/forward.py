@@ -606,8 +606,9 @@ def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes
     return headers
 
 
-#: Response fields hypercorn sets itself.
-_OURS = _HOP_BY_HOP | {b"date", b"server"}
+#: Response fields hypercorn sets itself, and the one llamaswap sets (a peer llamaswap's
+#: gives way to ours).
+_OURS = _HOP_BY_HOP | {b"date", b"server", UPSTREAM_HEADER}
 
 
 def _downstream_headers(

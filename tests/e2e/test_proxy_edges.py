@@ -60,6 +60,7 @@ async def test_peers_are_reached_by_prefix_and_bare_name(proxy_factory: StartPro
                 response = await client.post("/v1/chat/completions", json=chat(name))
                 assert response.status_code == 200, response.text
                 assert response.json()["model"] == "coder"
+                assert response.headers.get_list("x-llamaswap-upstream") == ["gpu2/coder"]
             listed = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
             assert listed == {"local", "gpu2/coder"}
             assert await running(client) == {}  # peers bypass the local scheduler
