@@ -19,10 +19,11 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import final
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 import attrs
 import trio
@@ -100,6 +101,7 @@ UPSTREAM_HEADER = b"x-llamaswap-upstream"
 _MESSAGES = (anthropic.MESSAGES_PATH, anthropic.COUNT_TOKENS_PATH)
 #: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
+_HEX = re.compile(rb"[0-9A-Fa-f]{2}")
 
 #: Bodies up to this size (by Content-Length) are handled in one piece: answers are relayed
 #: in one send rather than chunk by chunk (event streams never have a Content-Length), and
@@ -357,7 +359,7 @@ class Forwarder:
             if path == "/" and not scope["path"].endswith("/"):
                 await _redirect_to_slash(scope, reply)
                 return
-            path = quote(path, safe=_PATH_SAFE)  # the client's escapes, decoded by hypercorn
+            path = _as_escaped(scope, path)
             # A small body is read now, so that a disconnect while queued is noticed; a
             # large or chunked one streams through once the model is ready.
             small = declared.isdigit() and int(declared) <= SMALL_BODY
@@ -565,6 +567,21 @@ def _rewrite(
     if route.model_in is ModelIn.QUERY and rename:
         query = rewrite_query(query, rename)
     return payload, query
+
+
+def _as_escaped(scope: HTTPScope, rest: str) -> str:
+    """``rest``, the decoded end of an ``/upstream/{model}{rest}`` path, as the client
+    escaped it (``a%2Fb`` stays one segment), found by walking the raw path past the part
+    that decodes to ``/upstream/{model}``; re-escaped from ``rest`` if they do not line up."""
+    raw: bytes = scope["raw_path"]
+    head = scope["path"][: len(scope["path"]) - len(rest)].encode()
+    index = decoded = 0
+    while decoded < len(head) and index < len(raw):
+        index += 3 if raw[index] == 0x25 and _HEX.fullmatch(raw[index + 1 : index + 3]) else 1
+        decoded += 1
+    if unquote_to_bytes(raw[:index]) != head or raw[index : index + 1] != b"/":
+        return quote(rest, safe=_PATH_SAFE)
+    return quote(raw[index:].decode("latin-1"), safe=_PATH_SAFE + "%")
 
 
 def _error_event(body: bytes, status: int, model: str) -> bytes:

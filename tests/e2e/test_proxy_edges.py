@@ -16,7 +16,7 @@ from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import open_raw_request, running
 from tests.e2e.test_operations import activity_of, wait_for_request
 from tests.e2e.test_proxy import chat, config
-from tests.e2e.test_upstream_pool import Peer, start_server
+from tests.e2e.test_upstream_pool import Peer, serve_forever, start_server
 
 
 async def test_client_disconnect_mid_stream_reaches_the_model_server(
@@ -124,6 +124,30 @@ async def test_upstream_passthrough_with_slashes_in_ids(proxy_factory: StartProx
             spaced = await client.get("/upstream/org/chat/a%20b%3F?x=1")
             assert spaced.status_code == 404
             assert spaced.json()["error"]["message"] == "no route for GET /a b?"
+
+
+async def test_upstream_paths_reach_the_server_as_the_client_escaped_them(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """``a%2Fb`` is one path segment (a Hugging Face ``org%2Fname``): it must not become
+    two; and a model name may itself arrive escaped."""
+    server = await start_server(nursery, serve_forever)  # answers with the target it got
+    proxy = await proxy_factory(
+        config(
+            f'[models."org/m"]\ncmd = "${{fake}}"\nproxy = "{server.url}"\ncheckEndpoint = "none"'
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            for sent, received in [
+                ("/upstream/org/m/v1/models/a%2Fb?x=%2F", "/v1/models/a%2Fb?x=%2F"),
+                ("/upstream/org%2Fm/a%2fb/%ff", "/a%2fb/%ff"),
+                ("/upstream/org/m/a%20b%3F", "/a%20b%3F"),
+                ("/upstream/org/m/caf%C3%A9/%25", "/caf%C3%A9/%25"),
+            ]:
+                answer = await client.get(sent)
+                assert answer.status_code == 200, answer.text
+                assert answer.text == received
 
 
 async def test_upstream_streams_large_and_chunked_bodies_through(
