@@ -5,7 +5,8 @@ Two kinds of series. Event counts and durations (requests, tokens, loads) are
 a *state* (queue depth and oldest wait by band, dispatches, changed picks, model states,
 in-flight requests) is read from ``statistics()`` snapshots at scrape time by a collector,
 so the exposition can never drift from the scheduler. All five band labels are always
-present.
+present. The scheduler's counters (dispatches, changed picks) also add the final counts of
+the schedulers a reload switched out (``Source.retired_counts``), so they never go back.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from llamaswap.process import ModelState, ModelSupervisor
-from llamaswap.schedulers import Scheduler
+from llamaswap.schedulers import Scheduler, SchedulerCounts
 from llamaswap.schedulers.priority import BANDS
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -35,6 +36,10 @@ class Source(Protocol):
 
     @property
     def scheduler(self) -> Scheduler: ...
+
+    @property
+    def retired_counts(self) -> SchedulerCounts:
+        """The final counts of the schedulers a reload switched out."""
 
     @property
     def supervisors(self) -> Mapping[str, ModelSupervisor]: ...
@@ -123,6 +128,8 @@ class _Snapshots(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._source.scheduler.statistics()
+        # A reload may have switched schedulers: the counters go on from the old ones'.
+        counts = self._source.retired_counts + SchedulerCounts.of(stats)
         depth = GaugeMetricFamily(
             "llamaswap_scheduler_queue_depth", "Requests waiting, not yet dispatched.",
             labels=["band"],
@@ -138,17 +145,17 @@ class _Snapshots(Collector):
         for band, numbers in stats.bands.items():
             depth.add_metric([band], numbers.depth)
             oldest.add_metric([band], numbers.oldest_wait)
-            dispatched.add_metric([band], numbers.dispatched)
+            dispatched.add_metric([band], counts.dispatched[band])
         yield from (depth, oldest, dispatched)
         yield CounterMetricFamily(
             "llamaswap_scheduler_aging_changed_pick",
             "Picks that would have gone to another request without the aging term.",
-            value=stats.aging_changed_picks,
+            value=counts.aging_changed_picks,
         )
         yield CounterMetricFamily(
             "llamaswap_scheduler_affinity_changed_pick",
             "Picks that would have gone to another request without swap affinity.",
-            value=stats.affinity_changed_picks,
+            value=counts.affinity_changed_picks,
         )
         states = GaugeMetricFamily(
             "llamaswap_model_state", "1 for the state each model is in.",

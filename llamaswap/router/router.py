@@ -36,6 +36,7 @@ from llamaswap.schedulers import (
     Fail,
     Grant,
     Scheduler,
+    SchedulerCounts,
     StartSwap,
     Swap,
     Ticket,
@@ -99,6 +100,9 @@ class Router:
         self.scheduler: Scheduler = make_scheduler(config, self, make_swapper(config))
         #: After a reload switched schedulers: the old one keeps what it had dispatched.
         self._retired: dict[Ticket, Scheduler] = {}
+        #: The final counts of every scheduler a reload switched out (metrics add the
+        #: current one's, so the counters never go back).
+        self.retired_counts = SchedulerCounts()
         self._seq = itertools.count()
         self._swap_scopes: dict[Swap, tuple[trio.CancelScope, Scheduler]] = {}
         self._supervisor_nursery: trio.Nursery | None = None
@@ -352,6 +356,7 @@ class Router:
         old, self.scheduler = self.scheduler, new
         logger.info("scheduler %r replaces %r", new.name, old.name)
         waiting = old.surrender()
+        self.retired_counts += SchedulerCounts.of(old.statistics())  # final: see surrender
         moved = set(waiting)
         for lease in self._leases:
             if lease.ticket not in moved and lease.ticket not in self._retired:

@@ -10,6 +10,7 @@ from .base import Fail as Fail
 from .base import Grant as Grant
 from .base import JoinSwap as JoinSwap
 from .base import Scheduler as Scheduler
+from .base import SchedulerCounts as SchedulerCounts
 from .base import SchedulerStatistics as SchedulerStatistics
 from .base import StartSwap as StartSwap
 from .base import Swap as Swap
@@ -35,6 +36,7 @@ __all__ = [
     "JoinSwap",
     "PriorityWaitQueue",
     "Scheduler",
+    "SchedulerCounts",
     "SchedulerStatistics",
     "SerialScheduler",
     "StartSwap",

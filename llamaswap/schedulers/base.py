@@ -34,6 +34,7 @@ __all__ = [
     "Grant",
     "JoinSwap",
     "Scheduler",
+    "SchedulerCounts",
     "SchedulerStatistics",
     "StartSwap",
     "Swap",
@@ -188,6 +189,39 @@ class SchedulerStatistics:
     slot_holder: str | None = None
 
 
+@attrs.frozen
+class SchedulerCounts:
+    """The counters in a scheduler's statistics: requests dispatched by band, and the picks
+    aging and affinity changed.
+
+    A scheduler counts from when it is made. A reload that switches schedulers retires
+    one, and ``surrender()`` leaves it nothing to pick or dispatch, so its counts are final
+    from then on: the router adds them up (``Router.retired_counts``), and the counters
+    in ``/metrics`` are those plus the current scheduler's, never going back.
+    """
+
+    dispatched: Mapping[str, int] = attrs.field(factory=dict)
+    aging_changed_picks: int = 0
+    affinity_changed_picks: int = 0
+
+    @classmethod
+    def of(cls, statistics: SchedulerStatistics) -> SchedulerCounts:
+        bands = statistics.bands
+        return cls(
+            {band: numbers.dispatched for band, numbers in bands.items()},
+            statistics.aging_changed_picks,
+            statistics.affinity_changed_picks,
+        )
+
+    def __add__(self, other: SchedulerCounts) -> SchedulerCounts:
+        bands = {*self.dispatched, *other.dispatched}
+        return SchedulerCounts(
+            {b: self.dispatched.get(b, 0) + other.dispatched.get(b, 0) for b in bands},
+            self.aging_changed_picks + other.aging_changed_picks,
+            self.affinity_changed_picks + other.affinity_changed_picks,
+        )
+
+
 class Scheduler(Protocol):
     """Decides which waiting request goes next. See the module docstring for the rules.
 
@@ -227,7 +261,8 @@ class Scheduler(Protocol):
     def surrender(self) -> list[Ticket]:
         """Give up every request not yet dispatched (a reload switches schedulers): they
         leave this scheduler, oldest first, with no decision about them. What is loading
-        or serving stays here until it is done."""
+        or serving stays here until it is done, but nothing is left to pick or dispatch:
+        the scheduler's counts (``SchedulerCounts``) are final from then on."""
 
     def queued(self) -> list[Ticket]:
         """Every request not yet dispatched, in the order it would serve them as things

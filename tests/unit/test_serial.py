@@ -19,7 +19,13 @@ from llamaswap.errors import (
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import make_scheduler
-from llamaswap.schedulers.base import Scheduler, Ticket, TicketState
+from llamaswap.schedulers.base import (
+    Scheduler,
+    SchedulerCounts,
+    StartSwap,
+    Ticket,
+    TicketState,
+)
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld, ticket
 
@@ -562,3 +568,29 @@ def test_a_switched_in_scheduler_waits_for_the_old_ones_load(before: str, after:
     # 'a' has drained of the old requests: the new scheduler goes on, by its own order
     # ('b' is older; 'a', ready, is served in parallel by fifo, or has serial's affinity).
     assert fx.granted[1:] == [same] or fx.last_swap().waiters == [other]
+
+
+@pytest.mark.parametrize("use", ["fifo", "serial"])
+def test_a_surrendered_scheduler_dispatches_nothing_more_and_its_counts_are_final(
+    use: str,
+) -> None:
+    """What the router relies on to keep the counters in /metrics going up across a
+    switch: once retired, the old scheduler only finishes what it had dispatched."""
+    fx = FakeWorld()
+    config = load_config_text(f'[routing.scheduler]\nuse = "{use}"')
+    old = Driven(make_scheduler(config, fx, GroupSwapper({})), fx)
+    old.on_request(loading := ticket("a", 1))
+    a_load = fx.last_swap()
+    old.on_request(ticket("b", 2))  # waits: it would evict 'a' mid-load
+    old.on_request(ticket("a", 3))  # joins the load (fifo) or waits for the slot (serial)
+    waiting = old.scheduler.surrender()
+    counts = SchedulerCounts.of(old.statistics())
+    assert [t.seq for t in waiting] == ([2] if use == "fifo" else [2, 3])
+    fx.complete(old, a_load)  # the router still tells it of its load, and the rest
+    for granted in list(fx.granted):
+        old.on_finish(granted)
+    old.on_model_state("a", ModelState.STOPPED)
+    assert loading in fx.granted
+    assert not any(t in fx.granted for t in waiting)
+    assert [d for d in fx.decisions if isinstance(d, StartSwap)] == [StartSwap(a_load)]
+    assert SchedulerCounts.of(old.statistics()) == counts
