@@ -39,7 +39,7 @@ from llamaswap.observability import (
 )
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
-from llamaswap.router.names import Local
+from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
@@ -300,47 +300,59 @@ def create_app(
     async def health() -> Response:
         return Response("OK", content_type="text/plain")
 
+    def model_entry(
+        name: str, target: Local | Peer, *, now: float, wall_now: float
+    ) -> dict[str, Any]:
+        """The ``/v1/models`` entry for ``name`` (an ID, alias or peer name) of ``target``."""
+        meta: dict[str, Any]
+        if isinstance(target, Peer):
+            qualified = f"{target.peer_id}/{target.model}"
+            model_name, description, meta = qualified, "", {"peer": target.peer_id}
+        else:
+            model = router.config.models[target.model_id]  # the current config: names' own
+            supervisor = router.supervisors.get(target.model_id)
+            status = None
+            if supervisor is not None:
+                stats, ttl = supervisor.statistics(), supervisor.config.ttl
+                status = model_status(stats, ttl, now=now, wall_now=wall_now)
+            model_name = model.name or target.model_id
+            description = model.description or ""
+            meta = {**model.metadata, "llamaswap": status}
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llamaswap",
+            "name": model_name,
+            "description": description,
+            "meta": meta,
+        }
+
     @quart.get("/v1/models")
     @quart.get("/models")
     async def models() -> Response:
         now, wall_now = trio.current_time(), time.time()
-        status = {
-            model_id: model_status(
-                supervisor.statistics(), supervisor.config.ttl, now=now, wall_now=wall_now
-            )
-            for model_id, supervisor in router.supervisors.items()
-        }
-        data = []
         config = router.config  # the current one: a reload applies at once
+        data = []
         for model_id, model in config.models.items():
             if model.unlisted:
                 continue
-            ids = [model_id, *(model.aliases if config.include_aliases_in_list else ())]
-            for entry_id in ids:
-                entry: dict[str, Any] = {
-                    "id": entry_id,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "llamaswap",
-                    "name": model.name or model_id,
-                    "description": model.description or "",
-                    "meta": {**model.metadata, "llamaswap": status.get(model_id)},
-                }
-                data.append(entry)
+            target = Local(model_id)
+            for name in [model_id, *(model.aliases if config.include_aliases_in_list else ())]:
+                data.append(model_entry(name, target, now=now, wall_now=wall_now))
         for name in router.names.peer_models():
-            peer_id = name.split("/", 1)[0]
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "llamaswap",
-                    "name": name,
-                    "description": "",
-                    "meta": {"peer": peer_id},
-                }
-            )
+            peer_id, peer_model = name.split("/", 1)
+            peer = Peer(peer_id, peer_model, config.peers[peer_id])
+            data.append(model_entry(name, peer, now=now, wall_now=wall_now))
         return _json({"object": "list", "data": data})
+
+    @quart.get("/v1/models/<path:name>")
+    @quart.get("/models/<path:name>")
+    async def model_info(name: str) -> Response:
+        # Any name a request may use, listed or not (an alias, an unlisted model, a bare
+        # peer model name), as OpenAI answers for any model the key may use.
+        target = router.names.resolve(name)  # ModelNotFound: 404 model_not_found
+        return _json(model_entry(name, target, now=trio.current_time(), wall_now=time.time()))
 
     @quart.get("/running")
     async def running() -> Response:

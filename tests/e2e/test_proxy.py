@@ -344,6 +344,56 @@ async def test_openai_sdk_streaming_and_not(proxy_factory: StartProxy) -> None:
     await sdk.close()
 
 
+async def test_a_model_is_retrieved_by_any_name_a_request_may_use(
+    proxy_factory: StartProxy,
+) -> None:
+    """``GET /v1/models/{name}`` (the SDK's ``models.retrieve``) answers the list's entry,
+    for aliases and unlisted models too, and a 404 ``model_not_found`` for the rest."""
+    proxy = await proxy_factory(
+        config(
+            '[models.alpha]\ncmd = "${fake}"\naliases = ["gpt-4o-mini"]\nname = "Alpha"\n'
+            '[models.alpha.metadata]\nsize = 7\n'
+            '[models."org/model"]\ncmd = "${fake}"\n'
+            '[models.hidden]\ncmd = "${fake}"\nunlisted = true\n'
+            '[peers.gpu2]\nproxy = "http://127.0.0.1:9"\nmodels = ["coder"]'
+        )
+    )
+    sdk = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            listed = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+            assert set(listed) == {"alpha", "org/model", "gpu2/coder"}
+            for name, entry in listed.items():
+                assert (await client.get(f"/v1/models/{name}")).json() == entry
+                assert (await client.get(f"/models/{name}")).json() == entry
+                retrieved = await sdk.models.retrieve(name)  # sent as /v1/models/org/model
+                assert retrieved.model_dump(exclude_unset=True) == entry
+            assert listed["alpha"]["meta"]["size"] == 7
+            assert listed["gpu2/coder"]["meta"] == {"peer": "gpu2"}
+            # Not listed, but usable: answered with the name asked for.
+            alias = (await client.get("/v1/models/gpt-4o-mini")).json()
+            assert alias == {**listed["alpha"], "id": "gpt-4o-mini"}
+            hidden = (await client.get("/v1/models/hidden")).json()
+            assert hidden["id"] == "hidden"
+            assert hidden["meta"]["llamaswap"]["state"] == "stopped"
+            bare = (await client.get("/v1/models/coder")).json()
+            assert bare == {**listed["gpu2/coder"], "id": "coder"}
+            # A model's state is live, as in the list.
+            assert (await client.post("/api/models/load/alpha")).status_code == 200
+            loaded = (await client.get("/v1/models/alpha")).json()["meta"]["llamaswap"]
+            assert loaded["state"] == "ready"
+            for missing in ("nope", "gpu2/nope", "alpha/extra"):
+                answer = await client.get(f"/v1/models/{missing}")
+                assert answer.status_code == 404
+                error = answer.json()["error"]
+                assert error["code"] == "model_not_found"
+                assert error["type"] == "invalid_request_error"
+                assert repr(missing) in error["message"]
+            with pytest.raises(openai.NotFoundError):
+                await sdk.models.retrieve("nope")
+    await sdk.close()
+
+
 async def test_sigterm_stops_every_model(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(TWO_MODELS)
     async with proxy.client() as client:
