@@ -50,6 +50,7 @@ every completion. *Strict priority with no aging* starves batch work under stead
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import final
@@ -219,7 +220,7 @@ class SerialScheduler:
 
     def on_request(self, ticket: Ticket) -> list[Decision]:
         page = not ticket.needs_slot and self._may_skip_slot(ticket.model)
-        if not page and len(self._lanes) >= self._max_queued:
+        if not page and len(self._lanes) + len(self._holding()) >= self._max_queued:
             raise QueueFull(self._max_queued)
         self._ledger.admit(ticket)
         ticket.effective_priority = ticket.priority
@@ -300,8 +301,7 @@ class SerialScheduler:
         return self._ledger.take()
 
     def surrender(self) -> list[Ticket]:
-        # A slot holder still waiting for a busy model to drain was never dispatched.
-        waiting = [t for t in self._holders if t.state is TicketState.QUEUED]
+        waiting = self._holding()
         self._holders = [t for t in self._holders if t.state is not TicketState.QUEUED]
         return self._ledger.surrender(self._lanes, waiting)
 
@@ -314,7 +314,7 @@ class SerialScheduler:
 
     def queued(self) -> list[Ticket]:
         # A slot holder waiting for a busy model to drain goes first; then the pick order.
-        first = [t for t in self._holders if t.state is TicketState.QUEUED]
+        first = self._holding()
         affinity = self._affinities()
         ranked = sorted(self._lanes, key=lambda t: self._rank(t, affinity[t.model]), reverse=True)
         return first + ranked
@@ -334,18 +334,24 @@ class SerialScheduler:
 
     def statistics(self) -> SchedulerStatistics:
         ledger = self._ledger
+        holding = self._holding()  # not yet dispatched: waiting, as queued() says
         return SchedulerStatistics(
             name=self.name,
-            waiting=len(self._lanes),
+            waiting=len(holding) + len(self._lanes),
             loading=ledger.loading_count(),
             swaps=tuple(sorted(ledger.swaps)),
-            bands=ledger.band_statistics(self._lanes),
+            bands=ledger.band_statistics(itertools.chain(holding, self._lanes)),
             aging_changed_picks=self.aging_changed_picks,
             affinity_changed_picks=self.affinity_changed_picks,
             slot_holder=self._holders[0].model if self._holders else None,
         )
 
     # --------------------------------------------------------------- the slot
+
+    def _holding(self) -> list[Ticket]:
+        """The slot holders not yet dispatched: picked, but waiting for a busy model to
+        drain before their load can start. They wait, as the lanes do."""
+        return [t for t in self._holders if t.state is TicketState.QUEUED]
 
     def slots(self, model: str) -> int:
         """How many requests for ``model`` may be in service at once."""

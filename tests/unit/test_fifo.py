@@ -295,6 +295,20 @@ def test_statistics_by_band() -> None:
     }
 
 
+def test_statistics_count_what_the_queue_view_lists() -> None:
+    """Every request not yet dispatched is in the queue (blocked behind a busy model, or
+    colliding with a load), so the depth and the waiting count match ``queued()``."""
+    fx = FakeWorld()
+    fx.states["x"] = READY
+    s = make(fx)
+    s.on_request(ticket("x", 0))  # serving: 'x' is busy
+    s.on_request(ticket("a", 1, priority=-100))  # would evict busy 'x'
+    s.on_request(ticket("b", 2))
+    stats = s.statistics()
+    assert [t.seq for t in s.scheduler.queued()] == [2, 1]
+    assert stats.waiting == sum(band.depth for band in stats.bands.values()) == 2
+
+
 # b and c run together; a runs beside one of them; evicting c costs more.
 B_C_OR_A_WITH_ONE = MatrixConfig(
     vars={"a": "a", "b": "b", "c": "c"},

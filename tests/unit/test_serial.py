@@ -20,6 +20,7 @@ from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import make_scheduler
 from llamaswap.schedulers.base import (
+    BandStatistics,
     Scheduler,
     SchedulerCounts,
     StartSwap,
@@ -352,6 +353,41 @@ def test_statistics_by_band() -> None:
     assert stats.bands["batch"].depth == 1  # -150 rounds (halves up) to -100
     assert stats.bands["normal"].dispatched == 1
     assert stats.waiting == 2
+
+
+def test_a_slot_holder_waiting_for_a_model_to_drain_counts_as_waiting() -> None:
+    """Picked but not dispatched (its load waits for 'a' to finish a page): it is in the
+    queue view, so it is in the depth, the oldest wait and the waiting count too."""
+    fx = FakeWorld()
+    s = make(fx)
+    fx.states["a"] = READY
+    s.on_request(props := Ticket("a", seq=1, needs_slot=False))
+    s.on_request(wants_b := ticket("b", 2, priority=-100, arrival=1.0))
+    s.on_request(later := ticket("b", 3, arrival=2.0))
+    assert wants_b.state is TicketState.QUEUED
+    assert wants_b.dispatched_at is None
+    fx.time = 5.0
+    stats = s.statistics()
+    assert s.scheduler.queued() == [wants_b, later]
+    assert stats.waiting == 2
+    assert (stats.bands["batch"].depth, stats.bands["batch"].oldest_wait) == (1, 4.0)
+    assert (stats.bands["normal"].depth, stats.bands["normal"].dispatched) == (1, 1)
+    s.on_finish(props)  # 'a' drained: the load starts, and the holder is dispatched
+    stats = s.statistics()
+    assert (stats.waiting, stats.loading) == (1, 1)
+    assert stats.bands["batch"] == BandStatistics(depth=0, oldest_wait=0.0, dispatched=1)
+
+
+def test_max_queued_counts_a_slot_holder_waiting_for_a_model_to_drain() -> None:
+    fx = FakeWorld()
+    s = Driven(SerialScheduler(fx, GroupSwapper({}), limits={}, max_queued=2), fx)
+    fx.states["a"] = READY
+    s.on_request(Ticket("a", seq=1, needs_slot=False))
+    s.on_request(ticket("b", 2))  # holds the slot, waiting for 'a' to drain
+    s.on_request(ticket("b", 3))
+    with pytest.raises(QueueFull, match="maxQueued"):
+        s.on_request(ticket("c", 4))
+    assert s.statistics().waiting == 2
 
 
 def test_pages_do_not_hold_off_a_swap_waiting_for_their_model() -> None:
