@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["BANDS", "HEADER", "band_of", "parse_priority"]
+__all__ = ["BANDS", "HEADER", "band_of", "parse_priority", "priority_named"]
 
 HEADER = "x-llamaswap-priority"
 
@@ -28,15 +28,21 @@ def parse_priority(values: Iterable[str]) -> int:
     → itself, not clamped (up to 4,000 digits); anything else, or no header → 0.
     Never raises.
     """
-    for value in values:
-        text = value.strip()
-        alias = _ALIASES.get(text.lower())
-        if alias is not None:
-            return alias
-        if _INTEGER.match(text):
-            return int(text)
-        return 0
-    return 0
+    first = next(iter(values), None)
+    priority = None if first is None else priority_named(first)
+    return 0 if priority is None else priority
+
+
+def priority_named(value: str) -> int | None:
+    """The priority one header value names (see :func:`parse_priority`); ``None`` if it
+    names none (the header then counts as 0)."""
+    text = value.strip()
+    alias = _ALIASES.get(text.lower())
+    if alias is not None:
+        return alias
+    if _INTEGER.match(text):
+        return int(text)
+    return None
 
 
 def band_of(priority: int) -> str:

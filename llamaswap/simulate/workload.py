@@ -11,7 +11,7 @@
 
     [[streams]]              # Poisson arrivals
     model = "chat"           # an ID or alias from the config
-    priority = "interactive" # as in the X-LlamaSwap-Priority header
+    priority = "interactive" # as in the X-LlamaSwap-Priority header, or an integer: 105
     every = "5s"             # mean time between two arrivals
     job = "1s"               # time in service; with jobMax, uniform in [job, jobMax]
     jobMax = "3s"
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from typing import NewType
 
 import attrs
 
@@ -38,9 +39,9 @@ from llamaswap.config.convert import make_converter, walk_error
 from llamaswap.config.load import _parse_toml
 from llamaswap.config.model import within
 from llamaswap.config.paths import Problem, format_path, suggestion
-from llamaswap.config.values import Bounds
+from llamaswap.config.values import Bounds, InvalidValue, describe, scalar
 from llamaswap.errors import ConfigError, ConfigProblem
-from llamaswap.schedulers import parse_priority
+from llamaswap.schedulers.priority import priority_named
 
 __all__ = ["Job", "ModelTimes", "Workload", "jobs", "load_workload", "loads_workload"]
 
@@ -48,6 +49,24 @@ SPAN = Bounds(0, 31_536_000, "a duration", "seconds", "1 year")
 EVERY = Bounds(0.001, 31_536_000, "a duration", "seconds", "1 year")
 SEED = Bounds(0, 1_000_000_000, "a seed")
 PARALLEL = Bounds(1, 256, "a number of requests")
+
+#: ``priority``: what the header would say (a band's name or an integer, in a string), or
+#: a TOML integer; read into the number the scheduler uses.
+Priority = NewType("Priority", int)
+
+
+def _priority(value: object, _: object) -> Priority:
+    """A workload's ``priority``. Unlike the header, which counts a value it cannot read as
+    0, a file gets an error: a misspelt ``"interactve"`` would quietly skew the figures."""
+    value = scalar(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Priority(value)
+    named = priority_named(value) if isinstance(value, str) else None
+    if named is None:
+        raise InvalidValue(
+            f"expected 'interactive', 'normal', 'batch' or an integer, got {describe(value)}"
+        )
+    return Priority(named)
 
 
 @attrs.frozen
@@ -69,7 +88,7 @@ class Stream:
     every: float = attrs.field(metadata=within(EVERY))
     job: float = attrs.field(metadata=within(SPAN))
     job_max: float = attrs.field(default=0.0, metadata=within(SPAN))
-    priority: str = "normal"
+    priority: Priority = Priority(0)
 
 
 @attrs.frozen
@@ -79,7 +98,7 @@ class TraceRequest:
     at: float = attrs.field(metadata=within(SPAN))
     model: str
     job: float = attrs.field(metadata=within(SPAN))
-    priority: str = "normal"
+    priority: Priority = Priority(0)
 
 
 @attrs.frozen
@@ -112,8 +131,10 @@ def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Wo
     Raises:
         ConfigError: every problem in the workload, with its key path.
     """
+    converter = make_converter()
+    converter.register_structure_hook(Priority, _priority)
     try:
-        workload = make_converter().structure(_parse_toml(text, file), Workload)
+        workload = converter.structure(_parse_toml(text, file), Workload)
     except Exception as exc:  # a cattrs exception group: every problem in it
         raise ConfigError(file, _problems(walk_error(exc))) from None
     problems: list[Problem] = []
@@ -151,7 +172,7 @@ def load_workload(path: str, config: Config) -> Workload:
 def jobs(workload: Workload) -> list[Job]:
     """Every request of ``workload`` in arrival order; the same seed, the same list."""
     rng = random.Random(workload.seed)
-    found: list[tuple[float, str, str, float]] = []
+    found: list[tuple[float, str, int, float]] = []
     for stream in workload.streams:
         at = rng.expovariate(1 / stream.every)
         while at < workload.duration:
@@ -161,7 +182,7 @@ def jobs(workload: Workload) -> list[Job]:
     found.extend((r.at, r.model, r.priority, r.job) for r in workload.requests)
     found.sort(key=lambda job: job[0])  # stable: a trace keeps its order among equal times
     return [
-        Job(index, at, model, parse_priority([priority]), duration)
+        Job(index, at, model, priority, duration)
         for index, (at, model, priority, duration) in enumerate(found)
     ]
 

@@ -149,6 +149,28 @@ def test_the_same_seed_gives_the_same_arrivals_and_another_seed_others() -> None
     assert (traced.at, traced.priority, traced.duration) == (30.0, -7, 4.0)
 
 
+def test_a_priority_is_a_name_or_an_integer_as_a_toml_integer_or_in_a_string() -> None:
+    def priorities(*values: str) -> list[int]:
+        trace = "".join(
+            f'[[requests]]\nat = {at}\nmodel = "a"\njob = "1s"\npriority = {value}\n'
+            for at, value in enumerate(values)
+        )
+        return [job.priority for job in jobs(loads_workload(trace, config()))]
+
+    read = priorities("105", "-7", '"105"', '" Batch "', '"interactive"')
+    assert read == [105, -7, 105, -100, 100]
+    assert priorities("0") == priorities('"normal"') == [0]
+    # Unlike the header (which counts what it cannot read as 0), a file gets an error.
+    for bad, shown in (('"interactve"', "'interactve'"), ("true", "True"), ("1.5", "1.5")):
+        with pytest.raises(ConfigError) as caught:
+            priorities(bad)
+        [problem] = caught.value.problems
+        assert (problem.path, problem.message) == (
+            "requests[0].priority",
+            f"expected 'interactive', 'normal', 'batch' or an integer, got {shown}",
+        )
+
+
 # ---------------------------------------------------------------------------- the runs
 
 # Model 'a' is loaded for a long normal request; meanwhile a batch and an interactive
