@@ -42,6 +42,8 @@ output_logger = logging.getLogger("llamaswap.process.output")
 HEALTH_POLL_INTERVAL = 0.02
 #: Lines of output quoted in a start failure.
 LOG_TAIL_LINES = 5
+#: Seconds a request whose connection to the server broke waits to see if it died.
+EXIT_GRACE = 0.5
 
 StateListener = Callable[[str, ModelState], None]
 
@@ -70,6 +72,7 @@ class _Run:
     output_closed: trio.Event = attrs.field(factory=trio.Event)
     error: RequestError | None = None
     waiters: int = 0
+    exited: trio.Event = attrs.field(factory=trio.Event)  # by itself, once ready
     pid: int | None = None
     stop_reason: str | None = None
     log_start: int = 0  # the model log's position when this run began
@@ -325,6 +328,7 @@ class ModelSupervisor:
         self._arm_ttl()
         code = await process.wait()
         self._crashes += 1
+        self._exited(run)
         await self._drain_output(run)
         logger.warning(
             "model %r: exited unexpectedly with status %d (last output: %s)",
@@ -332,6 +336,24 @@ class ModelSupervisor:
             code,
             output_tail(self.log.tail(LOG_TAIL_LINES, since=run.log_start)),
         )
+
+    async def notice_exit(self) -> None:
+        """A request's connection to the ready server broke: give its process up to
+        ``EXIT_GRACE`` seconds to show it has died. If it has, the model counts as stopping
+        before that request is released, so that the next request starts it again rather
+        than being sent to a dead port (the connection may break a moment before the
+        process is gone)."""
+        run = self._run
+        if run is not None and self._state is ModelState.READY:
+            with trio.move_on_after(EXIT_GRACE):
+                await run.exited.wait()
+
+    def _exited(self, run: _Run) -> None:
+        """The server's process has exited by itself: a ready model is stopping."""
+        run.exited.set()
+        if self._state is ModelState.READY:
+            run.stop_reason = "exited unexpectedly"
+            self._set_state(ModelState.STOPPING)
 
     def _fail(self, run: _Run, failure: ModelStartFailed) -> None:
         self._start_failures += 1

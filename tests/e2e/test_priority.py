@@ -11,7 +11,8 @@ import httpx
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import ProxyProcess
+from tests.e2e.harness import ProxyProcess, running
+from tests.e2e.test_operations import wait_for_request
 from tests.e2e.test_proxy import chat, config
 
 SERIAL = config(
@@ -249,3 +250,32 @@ slots = 2
                     inflight = (await client.get("/api/inflight")).json()["inflight"]
                     states = [entry["state"] for entry in inflight]
     assert streams == [200, 200, 200]
+
+
+async def test_the_request_after_a_crash_starts_the_model_again(
+    proxy_factory: StartProxy,
+) -> None:
+    """SPEC §5: a crash fails the requests in flight (502), and the next one starts the
+    model again: the one waiting behind the crashed one (one request at a time under
+    ``serial``) is not sent to a dead port."""
+    crashing = '[models.c]\ncmd = "${fake} --tokens-per-second 20 --crash-after-tokens 5"\n'
+    proxy = await proxy_factory(config(crashing + '[routing.scheduler]\nuse = "serial"'))
+    answers: dict[str, httpx.Response] = {}
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/c")).status_code == 200
+            pid = (await running(client))["c"]["pid"]
+
+            async def ask(name: str, tokens: int) -> None:
+                body = chat("c", max_tokens=tokens)
+                answers[name] = await client.post("/v1/chat/completions", json=body)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask, "crashes", 20)
+                await wait_for_request(client, "c", "serving")
+                nursery.start_soon(ask, "next", 2)
+                await wait_for_request(client, "c", "queued")
+            restarted = (await running(client))["c"]["pid"]
+    assert answers["crashes"].status_code == 502
+    assert answers["next"].status_code == 200, answers["next"].text
+    assert restarted != pid

@@ -352,7 +352,7 @@ async def test_a_model_is_retrieved_by_any_name_a_request_may_use(
     proxy = await proxy_factory(
         config(
             '[models.alpha]\ncmd = "${fake}"\naliases = ["gpt-4o-mini"]\nname = "Alpha"\n'
-            '[models.alpha.metadata]\nsize = 7\n'
+            "[models.alpha.metadata]\nsize = 7\n"
             '[models."org/model"]\ncmd = "${fake}"\n'
             '[models.hidden]\ncmd = "${fake}"\nunlisted = true\n'
             '[peers.gpu2]\nproxy = "http://127.0.0.1:9"\nmodels = ["coder"]'

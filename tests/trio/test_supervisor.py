@@ -12,6 +12,7 @@ import trio.testing
 from llamaswap.config.model import ModelConfig
 from llamaswap.errors import ModelStartFailed, ModelUnloaded
 from llamaswap.process import ModelState, ModelSupervisor
+from llamaswap.process.supervisor import EXIT_GRACE
 from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
 
 S = ModelState
@@ -356,7 +357,7 @@ async def test_crash_after_ready_is_detected(
     await recorder.wait_for(S.STOPPED)
     stats = supervisor.statistics()
     assert (stats.crashes, stats.last_exit_code, stats.pid) == (1, 139, None)
-    assert recorder.states() == [S.STARTING, S.READY, S.STOPPED]
+    assert recorder.states() == [S.STARTING, S.READY, S.STOPPING, S.STOPPED]
     await supervisor.ensure_ready()  # the next request starts it again
     assert len(spawner.processes) == 2
 
@@ -426,3 +427,31 @@ async def test_readiness_is_seen_within_100ms_of_turning_healthy_at_the_default_
     healthy_at = spawner.last.spawned_at + 0.51
     assert 0.0 < trio.current_time() - healthy_at < 0.1
     assert trio.current_time() - healthy_at <= HEALTH_POLL_INTERVAL
+
+
+async def test_a_broken_connection_waits_for_the_crash_it_may_mean_at_most_exit_grace(
+    autojump_clock: trio.testing.MockClock,
+    make: Factory,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """``notice_exit``: a server that dies a moment after the connection broke is stopping
+    when it returns; one that lives on costs EXIT_GRACE, and stays ready."""
+    supervisor = await make()
+    await supervisor.ensure_ready()
+    t0 = trio.current_time()
+    await supervisor.notice_exit()
+    assert trio.current_time() - t0 == EXIT_GRACE
+    assert supervisor.state is S.READY
+    seen: list[ModelState] = []
+
+    async def notice() -> None:
+        await supervisor.notice_exit()
+        seen.append(supervisor.state)  # when the broken request would be released
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(notice)
+        await trio.sleep(0.1)
+        spawner.last.exit(3)
+    assert trio.current_time() - t0 == EXIT_GRACE + 0.1
+    assert seen == [S.STOPPING]
