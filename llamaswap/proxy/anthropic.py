@@ -12,7 +12,8 @@ Pure functions and values, no I/O: ``forward.py`` sends and relays the bytes.
 
 What does not translate is dropped rather than refused where the answer stays right without
 it (``thinking`` settings and blocks, ``metadata``, cache hints), and refused with a 400 where
-it would not (a server tool such as web search, a document block).
+it would not (a server tool such as web search, a document block). A chat ``tool`` message
+carries only text: the images in a tool result go in the ``user`` message after it.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def chat_request(body: dict[str, Any]) -> tuple[dict[str, Any], Translation]:
 
 
 def _text(content: object, where: str) -> str:
-    """A string, or the text of a list of text blocks (``system``, a tool result)."""
+    """A string, or the text of a list of text blocks (``system``)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -145,8 +146,30 @@ def _text(content: object, where: str) -> str:
     raise BadRequest(f"{where}: expected a string or a list of text blocks", param=where)
 
 
+def _tool_result(content: object, where: str) -> tuple[str, list[dict[str, Any]]]:
+    """A tool result's text, and its images as ``image_url`` parts.
+
+    A chat ``tool`` message carries only text, so the images go in a ``user`` message
+    after the turn's ``tool`` messages (as Anthropic-to-OpenAI translators do).
+    """
+    if not isinstance(content, list):
+        return _text(content, where), []
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    for index, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "image":
+            images.append(_image_part(block, f"{where}.{index}"))
+        else:
+            raise BadRequest(f"{where}.{index}: expected a text or image block", param=where)
+    return "\n".join(texts), images
+
+
 def _chat_messages(message: object, where: str) -> list[dict[str, Any]]:
-    """One Messages message as chat messages: tool results become ``tool`` messages."""
+    """One Messages message as chat messages: tool results become ``tool`` messages,
+    and the images in them go first in the ``user`` message that follows."""
     if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
         raise BadRequest(
             f"{where}: expected an object with role 'user' or 'assistant'", param="messages"
@@ -159,19 +182,21 @@ def _chat_messages(message: object, where: str) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []  # the tool results' images
     for index, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         at = f"{where}.content.{index}"
         if kind == "text":
             parts.append({"type": "text", "text": str(block.get("text", ""))})
         elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, at)}})
+            parts.append(_image_part(block, at))
         elif kind == "tool_use" and role == "assistant":
             arguments = json.dumps(block.get("input", {}), separators=(",", ":"))
             function = {"name": block.get("name"), "arguments": arguments}
             calls.append({"id": block.get("id"), "type": "function", "function": function})
         elif kind == "tool_result" and role == "user":
-            text = _text(block.get("content", ""), f"{at}.content")
+            text, images = _tool_result(block.get("content", ""), f"{at}.content")
+            shown.extend(images)
             if block.get("is_error") is True:
                 text = f"Error: {text}"
             results.append(
@@ -181,7 +206,10 @@ def _chat_messages(message: object, where: str) -> list[dict[str, Any]]:
             continue  # the model's own earlier reasoning: chat servers take none back
         else:
             raise BadRequest(f"{at}: a {kind!r} block cannot be translated to chat completions")
-    chat: list[dict[str, Any]] = list(results)  # answers to the previous turn's calls first
+    # The answers to the previous turn's calls first: every tool message follows the
+    # assistant message whose calls it answers, before any other message.
+    chat: list[dict[str, Any]] = list(results)
+    parts = [*shown, *parts]
     if parts or calls:
         message_out: dict[str, Any] = {"role": role}
         if all(part["type"] == "text" for part in parts):
@@ -194,14 +222,18 @@ def _chat_messages(message: object, where: str) -> list[dict[str, Any]]:
     return chat
 
 
-def _image_url(block: dict[str, Any], where: str) -> str:
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``image`` block as an ``image_url`` content part."""
     source = block.get("source")
+    url = None
     if isinstance(source, dict):
         if source.get("type") == "base64":
-            return f"data:{source.get('media_type')};base64,{source.get('data')}"
-        if source.get("type") == "url" and isinstance(source.get("url"), str):
-            return str(source["url"])
-    raise BadRequest(f"{where}.source: expected a base64 or url image source")
+            url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+        elif source.get("type") == "url" and isinstance(source.get("url"), str):
+            url = str(source["url"])
+    if url is None:
+        raise BadRequest(f"{where}.source: expected a base64 or url image source")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _tool(tool: object, where: str) -> dict[str, Any]:

@@ -136,11 +136,18 @@ async def test_tool_use_under_translate(proxy_factory: StartProxy) -> None:
             assert streamed_call.type == "tool_use"
             assert (streamed_call.name, streamed_call.input) == (call.name, call.input)
 
-            # The tool's result goes back as a "tool" message; the model answers in text.
+            # The tool's result goes back as a "tool" message, and its image in a user
+            # message after it; the model answers in text.
             result: ToolResultBlockParam = {
                 "type": "tool_result",
                 "tool_use_id": call.id,
-                "content": "sunny",
+                "content": [
+                    {"type": "text", "text": "sunny"},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": "AAA="},
+                    },
+                ],
             }
             turns: list[MessageParam] = [
                 *ASK,

@@ -165,6 +165,75 @@ def test_tool_use_and_results_become_tool_calls_and_tool_messages() -> None:
     assert translation == Translation("m")
 
 
+PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAA="}}
+PNG_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAA="}}
+
+
+def calls_turn(*ids: str) -> dict[str, Any]:
+    calls = [{"type": "tool_use", "id": i, "name": "shot", "input": {}} for i in ids]
+    return {"role": "assistant", "content": calls}
+
+
+def test_images_in_tool_results_go_in_a_user_message_after_the_tool_messages() -> None:
+    # A chat tool message carries only text: its images follow all of the turn's tool
+    # messages (no other message may come between a call and its answer), in one user
+    # message with the user's own blocks after them.
+    url_image = {"type": "image", "source": {"type": "url", "url": "https://x/a.jpg"}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "take screenshots"},
+            calls_turn("t1", "t2", "t3"),
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "the page"}, PNG],
+                    },
+                    {"type": "tool_result", "tool_use_id": "t2", "content": [url_image]},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t3",
+                        "content": [{"type": "text", "text": "no window"}],
+                        "is_error": True,
+                    },
+                    {"type": "text", "text": "which is darker?"},
+                ],
+            },
+        ],
+    }
+    chat, _ = chat_request(body)
+    assert chat["messages"][2:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "the page"},
+        {"role": "tool", "tool_call_id": "t2", "content": ""},
+        {"role": "tool", "tool_call_id": "t3", "content": "Error: no window"},
+        {
+            "role": "user",
+            "content": [
+                PNG_PART,
+                {"type": "image_url", "image_url": {"url": "https://x/a.jpg"}},
+                {"type": "text", "text": "which is darker?"},
+            ],
+        },
+    ]
+
+
+def test_an_image_in_the_only_tool_result_makes_a_user_message_of_its_own() -> None:
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [PNG]}
+    body = {"model": "m", "messages": [calls_turn("t1"), {"role": "user", "content": [result]}]}
+    assert chat_request(body)[0]["messages"][1:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": ""},
+        {"role": "user", "content": [PNG_PART]},
+    ]
+    # Text alone stays in the tool message, as before: no user message is added.
+    result["content"] = [{"type": "text", "text": "done"}]
+    assert chat_request(body)[0]["messages"][1:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "done"}
+    ]
+
+
 @pytest.mark.parametrize(
     ("choice", "expected"),
     [({"type": "auto"}, "auto"), ({"type": "any"}, "required"), ({"type": "none"}, "none")],
@@ -172,6 +241,11 @@ def test_tool_use_and_results_become_tool_calls_and_tool_messages() -> None:
 def test_tool_choice(choice: dict[str, str], expected: str) -> None:
     body = {"model": "m", "messages": [], "tools": [WEATHER_TOOL], "tool_choice": choice}
     assert chat_request(body)[0]["tool_choice"] == expected
+
+
+def tool_results(*blocks: object) -> dict[str, Any]:
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": list(blocks)}
+    return {"role": "user", "content": [result]}
 
 
 @pytest.mark.parametrize(
@@ -190,6 +264,18 @@ def test_tool_choice(choice: dict[str, str], expected: str) -> None:
                 "tools": [{"type": "web_search_20250305", "name": "w"}],
             },
             "tools.0: the server tool 'web_search_20250305' cannot be translated",
+        ),
+        (
+            {"model": "m", "messages": [tool_results({"type": "document"})]},
+            r"messages.0.content.0.content.0: expected a text or image block",
+        ),
+        (
+            {"model": "m", "messages": [tool_results({"type": "image", "source": {}})]},
+            r"messages.0.content.0.content.0.source: expected a base64 or url image source",
+        ),
+        (
+            {"model": "m", "system": [PNG], "messages": []},
+            r"system.0: expected a text block",  # images go in messages, not the system
         ),
         ({"model": "m", "messages": [], "stop_sequences": "END"}, "'stop_sequences' must be"),
         ({"model": "m", "messages": [], "tool_choice": {"type": "some"}}, "'tool_choice' must"),
