@@ -74,23 +74,26 @@ def with_origin(
     origins: Sequence[str], scope: HTTPScope, send: ASGISendCallable
 ) -> ASGISendCallable:
     """``send``, adding ``Access-Control-Allow-Origin`` to the response (replacing a model
-    server's) when the request came from a page (it has ``Origin``)."""
+    server's) when the request came from a page (it has ``Origin``). With a list of
+    origins, every answer depends on ``Origin`` and says so (``Vary: Origin``), so that a
+    shared cache never gives one page's answer to another, or to a request without one."""
     origin = _header(scope, b"origin")
-    if origin is None or not origins:
+    vary = bool(origins) and "*" not in origins
+    if not origins or (origin is None and not vary):
         return send
-    allowed = allow_origin(origins, origin)
+    allowed = None if origin is None else allow_origin(origins, origin)
 
     async def send_with_origin(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
-            headers = [
-                (k, v)
-                for k, v in message["headers"]
-                if k.lower() != b"access-control-allow-origin"
-            ]
-            if allowed is not None:
-                headers.append((b"access-control-allow-origin", allowed))
-                if allowed != b"*":
-                    headers.append((b"vary", b"Origin"))
+            headers = list(message["headers"])
+            if origin is not None:
+                headers = [
+                    (k, v) for k, v in headers if k.lower() != b"access-control-allow-origin"
+                ]
+                if allowed is not None:
+                    headers.append((b"access-control-allow-origin", allowed))
+            if vary:
+                headers.append((b"vary", b"Origin"))
             message = {**message, "headers": headers}
         await send(message)
 

@@ -164,6 +164,11 @@ async def test_cors_origins_restrict_who_may_call(proxy_factory: StartProxy) -> 
             response = await client.get("/health", headers={"Origin": "http://app.local"})
             assert response.headers["access-control-allow-origin"] == "http://app.local"
             assert response.headers["vary"] == "Origin"
+            # The answer depends on Origin whatever the request: a cache must know it.
+            for headers in ({"Origin": "http://evil"}, {}):
+                response = await client.get("/health", headers=headers)
+                assert "access-control-allow-origin" not in response.headers
+                assert response.headers["vary"] == "Origin"
 
 
 async def test_upstream_without_trailing_slash_redirects(proxy_factory: StartProxy) -> None:
