@@ -28,7 +28,6 @@ import trio
 import watchfiles
 
 from llamaswap.config import Config, load_config
-from llamaswap.config.macros import port_free
 from llamaswap.errors import ConfigError
 from llamaswap.router import Router
 from llamaswap.router.reload import ConfigChanges
@@ -115,8 +114,7 @@ class Reloader:
 
     async def _read(self) -> tuple[Config | None, tuple[str, ...]]:
         """The file's configuration, or why there is none."""
-        ours = self._own_ports()
-        load = partial(load_config, self.path, free=lambda h, p: p in ours or port_free(h, p))
+        load = partial(load_config, self.path, keep=self._own_ports())
         try:
             with trio.fail_after(READ_TIMEOUT):
                 return await trio.to_thread.run_sync(load, abandon_on_cancel=True), ()
@@ -127,14 +125,15 @@ class Reloader:
                 f"{self.path}: not read within {READ_TIMEOUT:g} s; is it on a hung mount?",
             )
 
-    def _own_ports(self) -> frozenset[int]:
-        """The ports of the running configuration's models: in use by them, so free for
-        ``${PORT}`` to hand out again (a model keeps its port across a reload)."""
-        ports = set()
-        for model in self._router.config.models.values():
+    def _own_ports(self) -> dict[str, int]:
+        """The port of each of the running configuration's models: a model keeps it across
+        the reload (a new model taking the first place in sorted order moves no other)."""
+        ports = {}
+        for model_id, model in self._router.config.models.items():
             with contextlib.suppress(ValueError):
-                ports.add(urlsplit(model.proxy).port)
-        return frozenset(port for port in ports if port is not None)
+                if (port := urlsplit(model.proxy).port) is not None:
+                    ports[model_id] = port
+        return ports
 
     def _report(self, result: ReloadResult) -> None:
         if result.ok:

@@ -50,16 +50,24 @@ _TOO_DEEP = (
     f"nested more than {MAX_NESTING} levels deep (tables, arrays and dotted keys all count); "
     "flatten it"
 )
+_NONE_KEPT: Mapping[str, int] = {}
 _SHOWN_PARTS = 3  # a path thousands of parts long is no help: show where it starts
 _YAML_KEY = re.compile(r"[\w.-]+:(\s|$)")  # "key:" opening a YAML mapping; never TOML
 
 
-def load_config(path: str | os.PathLike[str], *, free: PortProbe = port_free) -> Config:
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    free: PortProbe = port_free,
+    keep: Mapping[str, int] = _NONE_KEPT,
+) -> Config:
     """Read, expand and validate a TOML configuration file.
 
     Args:
         path: the file to read (UTF-8 TOML).
         free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
+        keep: the ports of a running configuration's models (a reload's): a model that
+            still uses ``${PORT}`` keeps its port.
 
     Returns:
         The validated configuration.
@@ -78,7 +86,7 @@ def load_config(path: str | os.PathLike[str], *, free: PortProbe = port_free) ->
         problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
         raise ConfigError(file, [problem]) from exc
     directory = os.path.dirname(os.path.abspath(file))
-    return loads_config(text, file=file, directory=directory, free=free)
+    return loads_config(text, file=file, directory=directory, free=free, keep=keep)
 
 
 def loads_config(
@@ -88,6 +96,7 @@ def loads_config(
     environ: Mapping[str, str] | None = None,
     directory: str | None = None,
     free: PortProbe = port_free,
+    keep: Mapping[str, int] = _NONE_KEPT,
 ) -> Config:
     """Parse, expand and validate configuration text.
 
@@ -98,6 +107,7 @@ def loads_config(
         directory: what a relative ``store.path`` is relative to (``load_config`` passes
             the file's directory); ``None`` leaves it relative to the working directory.
         free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
+        keep: as for :func:`load_config`.
 
     Returns:
         The validated configuration.
@@ -109,7 +119,7 @@ def loads_config(
     if deep := _too_deep(raw):
         # Like a syntax error, reported alone: every later stage walks the document.
         raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
-    doc, expanding = expand_macros(raw, os.environ if environ is None else environ, free)
+    doc, expanding = expand_macros(raw, os.environ if environ is None else environ, free, keep)
     _inherit_defaults(doc)
     config, structuring, dropped = _structure(doc)
     checking: list[Problem] = []

@@ -99,6 +99,7 @@ def expand_macros(
     raw: Mapping[str, Any],
     environ: Mapping[str, str],
     port_free: PortProbe = port_free,
+    keep: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, Any], list[Problem]]:
     """Expand every macro in ``raw`` and give the result with every problem found.
 
@@ -107,6 +108,8 @@ def expand_macros(
         environ: where ``${env.NAME}`` looks up ``NAME``.
         port_free: whether ``${PORT}`` may hand out a port (on a host of the model's
             ``proxy``); a port in use is skipped.
+        keep: ports models already have (a reload's running configuration): a model that
+            still uses ``${PORT}`` keeps its own if it is not below ``startPort``.
 
     Returns:
         A copy of ``raw`` with macros substituted, ``[macros]`` reduced to its valid entries
@@ -131,7 +134,7 @@ def expand_macros(
     ports: dict[str, int] = {}
     if isinstance(models, dict):
         start = scalar(doc.get("startPort"))  # "${n}" or "${env.N}": its number
-        ports = _allocate_ports(models, start, problems, port_free)
+        ports = _allocate_ports(models, start, problems, port_free, keep or {})
         for model_id, model in models.items():
             if isinstance(model, dict):
                 models[model_id] = _expand_model(model_id, model, ports.get(model_id), problems)
@@ -391,33 +394,45 @@ def _local_host(model: dict[str, Any]) -> str | None:
 
 
 def _allocate_ports(
-    models: dict[str, Any], start: object, problems: list[Problem], free: PortProbe
+    models: dict[str, Any],
+    start: object,
+    problems: list[Problem],
+    free: PortProbe,
+    keep: Mapping[str, int],
 ) -> dict[str, int]:
-    """Ports for the models whose ``cmd`` uses ``${PORT}``, in sorted model-ID order,
-    skipping those in use on the model's (local) ``proxy`` host."""
+    """Ports for the models whose ``cmd`` uses ``${PORT}``: the port in ``keep`` for a model
+    that has one (from ``startPort`` up), then for the others, in sorted model-ID order,
+    the next ports from ``startPort``, skipping those kept and those in use on the model's
+    (local) ``proxy`` host."""
     port = (
         start
         if isinstance(start, int) and not isinstance(start, bool) and 0 < start < 65536
         else DEFAULT_START_PORT
     )
-    ports: dict[str, int] = {}
-    for model_id in sorted(models):
-        model = models[model_id]
-        if isinstance(model, dict) and _uses_port(model.get("cmd")):
-            host = _local_host(model)
-            while host is not None and port <= 65535 and not free(host, port):
-                port += 1
-            if port > 65535:
-                problems.append(
-                    Problem(
-                        ("models", model_id, "cmd"),
-                        "no port left for ${PORT}: counting up from startPort passed 65535",
-                    )
-                )
-                continue
-            ports[model_id] = port
+    wanted = [
+        m
+        for m in sorted(models)
+        if isinstance(models[m], dict) and _uses_port(models[m].get("cmd"))
+    ]
+    ports = {m: keep[m] for m in wanted if m in keep and port <= keep[m] <= 65535}
+    taken = set(ports.values())
+    for model_id in wanted:
+        if model_id in ports:
+            continue
+        host = _local_host(models[model_id])
+        while port <= 65535 and (port in taken or (host is not None and not free(host, port))):
             port += 1
-    return ports
+        if port > 65535:
+            problems.append(
+                Problem(
+                    ("models", model_id, "cmd"),
+                    "no port left for ${PORT}: counting up from startPort passed 65535",
+                )
+            )
+            continue
+        ports[model_id] = port
+        port += 1
+    return dict(sorted(ports.items()))
 
 
 def _expand_model(

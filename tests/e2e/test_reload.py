@@ -163,6 +163,30 @@ async def test_log_streams_open_across_a_reload_show_the_models_it_adds(
     await events.aclose()
 
 
+async def test_a_model_added_first_in_sorted_order_moves_no_other(
+    proxy_factory: StartProxy,
+) -> None:
+    """``${PORT}`` goes in sorted model-ID order, yet a reload keeps each model's port:
+    ``alpha`` is added, ``beta`` keeps its port and its process."""
+    ports = free_port_base()
+    proxy = await proxy_factory(config({"beta": "", "delta": ""}, ports=ports))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert await chat_status(client, "beta") == 200
+            before = await running(client)
+            rewrite(proxy.config, config({"alpha": "", "beta": "", "delta": ""}, ports=ports))
+            changed = (await client.post("/api/config/reload")).json()["changed"]
+            assert (changed["added"], changed["restarted"]) == (["alpha"], [])
+            assert await chat_status(client, "alpha") == 200
+            after = await running(client)
+    assert after["beta"]["pid"] == before["beta"]["pid"]
+    assert after["beta"]["proxy"] == before["beta"]["proxy"]
+    assert after["alpha"]["proxy"] not in (
+        before["beta"]["proxy"],
+        f"http://127.0.0.1:{ports + 1}",
+    )
+
+
 async def test_an_invalid_edit_changes_nothing(proxy_factory: StartProxy) -> None:
     ports = free_port_base()
     proxy = await proxy_factory(config({"alpha": ""}, ports=ports))

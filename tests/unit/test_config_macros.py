@@ -164,6 +164,37 @@ def test_ports_are_allocated_in_sorted_model_id_order_only_where_cmd_uses_port()
     assert models["zeta"].proxy == "http://127.0.0.1:9002"
 
 
+def test_a_reload_keeps_each_models_port_and_gives_new_ones_the_next_free() -> None:
+    """``keep`` (the running configuration's ports): adding ``alpha``, first in sorted
+    order, moves no other model; a kept port below a new startPort is not kept."""
+    text = textwrap.dedent(
+        """
+        startPort = 9000
+        [models.alpha]
+        cmd = "server --port ${PORT}"
+        [models.beta]
+        cmd = "server --port ${PORT}"
+        [models.gamma]
+        cmd = "server --port ${PORT}"
+        """
+    )
+    keep = {"beta": 9000, "gamma": 9001, "gone": 9002}
+    config = loads_config(text, environ={}, free=lambda host, port: True, keep=keep)
+    assert {m: model.proxy[-4:] for m, model in config.models.items()} == {
+        "alpha": "9002",
+        "beta": "9000",
+        "gamma": "9001",
+    }
+    moved = loads_config(
+        text.replace("9000", "9001"), environ={}, free=lambda host, port: True, keep=keep
+    )
+    assert {m: model.proxy[-4:] for m, model in moved.models.items()} == {
+        "alpha": "9002",  # 9001 is gamma's
+        "beta": "9003",  # 9000 is below startPort now
+        "gamma": "9001",
+    }
+
+
 def test_default_proxy_needs_port_in_cmd() -> None:
     found = problems_of('[models.m]\ncmd = "server --port 8080"\n')
     assert found == {
