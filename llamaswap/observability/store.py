@@ -86,6 +86,7 @@ CREATE TABLE IF NOT EXISTS activity (
 );
 CREATE INDEX IF NOT EXISTS activity_time ON activity (time);
 """
+_COLUMNS = {"id", "time", "model", "band", "status", "record"}
 
 
 class ActivitySink(Protocol):
@@ -148,6 +149,10 @@ class ActivityStore:
                 connection.executescript(
                     f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
                 )
+                columns = {row[1] for row in connection.execute("PRAGMA table_info(activity)")}
+                if not columns >= _COLUMNS:
+                    reason = "it holds an 'activity' table that is not llamaswap's"
+                    raise _unusable(config_file, self.path, reason)
                 newest = connection.execute("SELECT max(id) FROM activity").fetchone()[0]
         except (sqlite3.Error, OSError) as exc:
             reason = str(exc) or type(exc).__name__
@@ -180,16 +185,20 @@ class ActivityStore:
         ``max_age``), newest first."""
         query = self.bounded(query)
         where, params = _where(query)
-        sql = "SELECT record FROM activity"
+        sql = "SELECT id, record FROM activity"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         with self._connect() as connection:
             rows = connection.execute(sql, (*params, query.limit)).fetchall()
         records = []
-        for (text,) in rows:
+        for row_id, text in rows:
             try:
-                records.append(ActivityRecord.from_json(json.loads(text)))
+                document = json.loads(text)
+                if not isinstance(document, dict) or not isinstance(row_id, int):
+                    raise ValueError(f"not a record: {text!r:.80}")
+                # The row's own ID is the one the file is ordered by.
+                records.append(ActivityRecord.from_json({**document, "id": row_id}))
             except (ValueError, TypeError) as exc:  # a row damaged outside llamaswap
                 logger.warning("skipping an unreadable activity record in %s: %s", self.path, exc)
         return records
@@ -227,7 +236,13 @@ class ActivityStore:
         *Cancellation*: stops waiting for the file at once.
         """
         query = self.bounded(query)
-        stored = await trio.to_thread.run_sync(self.query, query, abandon_on_cancel=True)
+        try:
+            stored = await trio.to_thread.run_sync(self.query, query, abandon_on_cancel=True)
+        except sqlite3.Error as exc:  # removed, locked, full disk: what memory holds
+            logger.warning(
+                "cannot read the activity store %s (%s); answering from memory", self.path, exc
+            )
+            stored = []
         return merge_newest(stored, recent.select(query), limit=query.limit)
 
     @contextlib.contextmanager

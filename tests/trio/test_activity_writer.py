@@ -204,3 +204,21 @@ async def test_the_real_store_behind_the_writer_and_the_ring(tmp_path: Path) -> 
         assert restarted.next_id() == 3
         assert await store.select(query(), restarted) == [new, old]
         assert await store.select(query(model="old"), restarted) == [old]
+
+
+async def test_a_store_that_cannot_be_read_answers_from_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The file removed (or locked, or on a full disk) while llamaswap runs: the records
+    still in memory are listed, and the failure is logged, not a 500."""
+    path = tmp_path / "activity.db"
+    store = ActivityStore(str(path), max_rows=100, max_age=86_400.0)
+    log = ActivityLog(first_id=await trio.to_thread.run_sync(store.open))
+    now = iso_time(datetime.datetime.now(datetime.timezone.utc))
+    record = make(log.next_id(), time=now)
+    log.add(record)
+    path.unlink()
+    path.mkdir()  # sqlite cannot open a directory
+    with trio.fail_after(10):
+        assert await store.select(query(), log) == [record]
+    assert "cannot read the activity store" in caplog.text

@@ -147,3 +147,28 @@ def test_a_store_written_by_a_newer_llamaswap_is_refused(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as info:
         store.open()
     assert f"it was written by a newer llamaswap (layout {SCHEMA_VERSION + 1})" in str(info.value)
+
+
+def test_a_table_of_another_layout_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "activity.db"
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE activity (id INTEGER PRIMARY KEY, time TEXT)")
+    store, _ = store_at(path)
+    with pytest.raises(ConfigError) as info:
+        store.open()
+    assert "it holds an 'activity' table that is not llamaswap's" in str(info.value)
+
+
+def test_rows_damaged_outside_llamaswap_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "activity.db"
+    store, _ = store_at(path)
+    store.open()
+    store.insert([make(1), make(2), make(3), make(4)])
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        connection.execute("UPDATE activity SET record = 'null' WHERE id = 1")
+        connection.execute("UPDATE activity SET record = '[1, 2]' WHERE id = 2")
+        # An ID in the record that disagrees with its row: the row's counts.
+        connection.execute(
+            "UPDATE activity SET record = json_set(record, '$.id', '100') WHERE id = 3"
+        )
+    assert ids(store) == [4, 3]
