@@ -240,6 +240,27 @@ async def test_the_page_loads_live_with_no_console_error(proxy_factory: StartPro
 
 
 @needs_browser
+async def test_durations_change_unit_after_rounding(proxy_factory: StartProxy) -> None:
+    """format.js, in the page: 999.6 ms is "1.00 s" (it said "1000 ms"), and likewise at
+    the next boundaries."""
+    proxy = await proxy_factory(config('[models.beta]\ncmd = "${fake}"'))
+    durations = [999.4, 999.6, 9994, 9996, 59_949, 59_960, 61_000]
+
+    def body(tab: Tab) -> object:
+        tab.open()
+        return tab.page.evaluate(
+            """async (durations) => {
+                const fmt = await import(new URL("js/format.js", document.baseURI).href);
+                return durations.map(fmt.duration);
+            }""",
+            durations,
+        )
+
+    shown = await in_browser(proxy.url, body)
+    assert shown == ["999 ms", "1.00 s", "9.99 s", "10.0 s", "59.9 s", "1m 00s", "1m 01s"]
+
+
+@needs_browser
 async def test_load_unload_and_cancel_a_load_from_the_page(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(MODELS)
     async with proxy.client() as client:

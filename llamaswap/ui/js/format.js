@@ -4,11 +4,15 @@ export const BANDS = ["above_interactive", "interactive", "normal", "batch", "be
 
 export function duration(ms) {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) return "—";
-  if (ms < 1000) return `${Math.round(ms)} ms`;
+  // Each unit is chosen after rounding to the digits it shows: 999.6 ms is "1.00 s", not
+  // "1000 ms"; 9.996 s is "10.0 s"; 59.96 s is "1m 00s".
+  if (Math.round(ms) < 1000) return `${Math.round(ms)} ms`;
   const s = ms / 1000;
-  if (s < 60) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
-  const m = Math.floor(s / 60);
-  if (m < 60) return `${m}m ${String(Math.floor(s % 60)).padStart(2, "0")}s`;
+  if (Math.round(s * 100) < 1000) return `${s.toFixed(2)} s`;
+  if (Math.round(s * 10) < 600) return `${s.toFixed(1)} s`;
+  const whole = Math.max(60, Math.floor(s));
+  const m = Math.floor(whole / 60);
+  if (m < 60) return `${m}m ${String(whole % 60).padStart(2, "0")}s`;
   const hours = Math.floor(m / 60);
   if (hours < 48) return `${hours}h ${String(m % 60).padStart(2, "0")}m`;
   return `${Math.floor(hours / 24)}d ${hours % 24}h`;
