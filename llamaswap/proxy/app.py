@@ -27,7 +27,14 @@ from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
 
 from llamaswap.config.model import REQUEST_BODY_TIMEOUT
-from llamaswap.errors import BadRequest, ModelNotFound, RequestError, RequestTimeout, Unauthorized
+from llamaswap.errors import (
+    BadRequest,
+    InternalError,
+    ModelNotFound,
+    RequestError,
+    RequestTimeout,
+    Unauthorized,
+)
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
@@ -279,6 +286,8 @@ def create_app(
     @quart.errorhandler(HTTPException)
     async def answer_http_error(error: HTTPException) -> Response:
         status = error.code or 500
+        if status >= 500:  # a fault of llamaswap's (Quart has logged its traceback)
+            return await answer_error(InternalError(f"{request.method} {request.path}"))
         code = (error.name or "error").lower().replace(" ", "_")
         message = f"{request.method} {request.path}: {(error.name or 'error').lower()}"
         error_body = {"message": message, "type": "invalid_request_error", "code": code}

@@ -7,6 +7,7 @@ hypercorn does at a chosen moment.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import trio
@@ -75,3 +76,36 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     ]
     assert sent[1]["body"] == b"/ping"
     assert interrupted == []
+
+
+async def test_a_fault_in_a_management_route_is_a_json_500_of_llamaswaps(
+    nursery: trio.Nursery,
+) -> None:
+    """SPEC §4.3: llamaswap's own failure is ``server_error``/``internal_error`` (a werkzeug
+    500 was labelled an invalid request)."""
+    config = Config(models={"m": ModelConfig(cmd=("server", "1"), proxy="http://m:1")})
+    spawner = FakeSpawner(nursery)
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
+    await nursery.start(router.run)
+    to_app, from_server = trio.open_memory_channel[dict[str, Any]](10)
+    await to_app.send({"type": "http.request", "body": b"", "more_body": False})
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async with UpstreamPool() as pool:
+        app = create_app(router, pool)
+
+        @app.quart.get("/api/boom")
+        async def boom() -> str:
+            raise RuntimeError("a bug")
+
+        with trio.fail_after(10):
+            await app(http_scope("GET", "/api/boom"), from_server.receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 500
+    error = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]
+    assert (error["type"], error["code"]) == ("server_error", "internal_error")
+    assert error["message"] == (
+        "internal error in llamaswap (GET /api/boom); see its log for the traceback"
+    )
