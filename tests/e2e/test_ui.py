@@ -473,6 +473,16 @@ async def test_logs_stream_live_with_a_model_picker_and_search(
         def body(tab: Tab) -> None:
             tab.open()
             page = tab.page
+
+            def shown_and_count() -> tuple[int, str]:
+                """The lines shown and the count above them, read at one moment (a new
+                line changes both in the same frame)."""
+                shown, count = page.evaluate(
+                    """() => [document.querySelectorAll("#log .line").length,
+                              document.querySelector("#logs-count").textContent]"""
+                )
+                return int(shown), str(count)
+
             page.get_by_role("tab", name="Logs").click()
             log = page.locator("#log")
             page.get_by_label("Source").select_option("beta")
@@ -492,9 +502,19 @@ async def test_logs_stream_live_with_a_model_picker_and_search(
             expect(lines).to_have_count(2, timeout=WAIT)
 
             page.get_by_label("Search").fill("")
+            everything = shown_and_count()
             page.get_by_label("Source").select_option("-")  # llamaswap only
             expect(log).to_contain_text("model 'beta': ready", timeout=WAIT)
             expect(page.locator("#log .src")).to_have_count(0, timeout=WAIT)
+            # The count is of llamaswap's lines (it was of every source's).
+            shown, count = shown_and_count()
+            assert count == f"{shown} lines"
+            assert everything == (everything[0], f"{everything[0]} lines")
+            assert everything[0] > shown
+            page.get_by_label("Search").fill("model 'beta'")
+            expect(page.locator("#logs-count")).to_have_text(
+                re.compile(rf"^\d+ matching of {shown} lines$"), timeout=WAIT
+            )
             assert tab.errors == []
 
         await in_browser(proxy.url, body)

@@ -50,8 +50,9 @@ export function mountLogs(store) {
   }
 
   const query = () => search.value.trim().toLowerCase();
-  const wanted = (line, q) =>
-    (source.value !== "-" || line.src === null) && (!q || line.text.toLowerCase().includes(q));
+  // "llamaswap only" reads the merged stream and keeps llamaswap's own lines here.
+  const fromSource = (line) => source.value !== "-" || line.src === null;
+  const wanted = (line, q) => fromSource(line) && (!q || line.text.toLowerCase().includes(q));
 
   function renderAll() {
     pending = [];
@@ -73,7 +74,8 @@ export function mountLogs(store) {
   function afterRender() {
     const q = query();
     const count = pre.childElementCount;
-    setText($("#logs-count"), q ? `${count} matching of ${lines.length} lines` : `${lines.length} lines`);
+    const total = source.value === "-" ? lines.filter(fromSource).length : lines.length;
+    setText($("#logs-count"), q ? `${count} matching of ${total} lines` : `${total} lines`);
     if (follow.checked) pre.scrollTop = pre.scrollHeight;
   }
 
