@@ -31,6 +31,7 @@ from .values import (
     Bounds,
     InvalidValue,
     describe,
+    json_problems,
     parse_bool,
     parse_command,
     parse_duration,
@@ -159,7 +160,10 @@ def _mapping_hook(tp: Any, converter: cattrs.Converter) -> Hook:
         if not isinstance(value, dict):
             raise InvalidValue(f"expected a table, got {describe(value)}")
         if value_hook is None:  # free-form: numbers and booleans from macros as such
-            return {name: plain(item) for name, item in value.items()}
+            document = {name: plain(item) for name, item in value.items()}
+            if problems := list(json_problems(document)):  # it is sent as JSON
+                raise InvalidValue.many(problems)
+            return document
         result: dict[str, Any] = {}
         errors: list[Exception] = []
         for name, item in value.items():

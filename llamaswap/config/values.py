@@ -7,10 +7,11 @@ converter (``convert.py``) installs them as structure hooks.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import attrs
 
@@ -24,6 +25,7 @@ __all__ = [
     "InvalidValue",
     "MacroValue",
     "describe",
+    "json_problems",
     "number_text",
     "parse_bool",
     "parse_command",
@@ -101,6 +103,22 @@ def scalar(value: object) -> object:
             return text == "true"
         return int(text) if _INTEGER.fullmatch(text) else str(value)
     return plain(value)
+
+
+def json_problems(value: object, path: Path = ()) -> Iterator[tuple[Path, str]]:
+    """What in ``value`` (a free-form table's, sent as JSON) JSON cannot hold: NaN and
+    infinities, and TOML's dates and times; each with its path under ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield path, f"JSON has no {value}: write a finite number"
+    elif isinstance(value, (datetime.date, datetime.time)):
+        text = value.isoformat()
+        yield path, f'JSON has no dates or times: write it as a string, "{text}"'
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_problems(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from json_problems(item, (*path, index))
 
 
 def plain(value: object) -> object:

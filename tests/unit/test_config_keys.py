@@ -387,6 +387,26 @@ def test_strip_params_may_be_one_comma_separated_string_split_after_macros() -> 
     }
 
 
+def test_free_form_tables_hold_only_what_json_can() -> None:
+    """``metadata`` and ``setParams`` are sent as JSON: NaN, infinities and TOML dates
+    would make answers no JSON parser reads (``/v1/models``) or a 500."""
+    found = problems_of(
+        """
+        [models.m]
+        cmd = "server --port ${PORT}"
+        metadata = { released = 2024-01-01, ok = 1.5, deep = [1, { y = -inf }] }
+        filters.setParams = { temperature = nan }
+        """
+    )
+    assert found == {
+        "models.m.metadata.released": (
+            'JSON has no dates or times: write it as a string, "2024-01-01"'
+        ),
+        "models.m.metadata.deep[1].y": "JSON has no -inf: write a finite number",
+        "models.m.filters.setParams.temperature": "JSON has no nan: write a finite number",
+    }
+
+
 def test_timeouts_defaults() -> None:
     timeouts = load('[models.m]\ncmd = "s --port ${PORT}"\n').models["m"].timeouts
     assert (timeouts.connect, timeouts.tls_handshake) == (10.0, 10.0)
