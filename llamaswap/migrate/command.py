@@ -83,6 +83,9 @@ def import_config(argv: Sequence[str]) -> int:
     if output is not None and os.path.exists(output) and not options.force:
         print(f"{output}: already exists; add --force to overwrite it", file=sys.stderr)
         return 2
+    if output is not None and os.path.exists(output) and os.path.samefile(source, output):
+        print(f"{output}: is the file being translated; write the TOML elsewhere", file=sys.stderr)
+        return 2
     try:
         with open(source, encoding="utf-8") as stream:
             text = stream.read()

@@ -390,6 +390,12 @@ def test_the_command_writes_a_file_that_check_config_accepts(tmp_path: Path) -> 
     assert forced.returncode == 0, forced.stderr
     assert (tmp_path / "config.toml").read_text(encoding="utf-8") == written
 
+    (tmp_path / "mine.yaml").write_text(FIXTURE.read_text(encoding="utf-8"), encoding="utf-8")
+    onto = run("import-config", "mine.yaml", "-o", "./mine.yaml", "--force", cwd=tmp_path)
+    assert onto.returncode == 2
+    assert onto.stderr == "./mine.yaml: is the file being translated; write the TOML elsewhere\n"
+    assert (tmp_path / "mine.yaml").read_text(encoding="utf-8") == FIXTURE.read_text("utf-8")
+
 
 def test_the_command_says_when_every_key_was_translated(tmp_path: Path) -> None:
     (tmp_path / "small.yaml").write_text(
