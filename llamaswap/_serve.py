@@ -21,9 +21,11 @@ model (polite, then SIGKILL), write the activity records still buffered, return.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import signal
+import typing
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -45,7 +47,7 @@ from llamaswap.process import HttpProbe, LogRing, SubprocessSpawner, open_lifeli
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
 
-__all__ = ["serve"]
+__all__ = ["listen_address", "serve"]
 
 logger = logging.getLogger("llamaswap")
 
@@ -53,9 +55,55 @@ logger = logging.getLogger("llamaswap")
 LIVE_STREAMS_GRACE = 1.0
 
 
+#: What a port may be, said with every bad one.
+_PORTS = "0 to 65535; 0 picks a free port"
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """The host and port of ``listen``: ``HOST:PORT``, an IPv6 host in brackets
+    (``[::1]:8080``), the port from 0 to 65535 (0: any free port).
+
+    Checked before hypercorn sees it, which would quietly serve ``''`` on 0.0.0.0:8000 (every
+    interface), a host alone on port 8000, take ``unix:PATH`` (removing a socket file there)
+    and ``fd://N``, and fail on port 99999 with a traceback.
+
+    Raises:
+        ListenError: ``listen`` is not such an address, saying what is wrong with it.
+    """
+    if listen.startswith(("unix:", "fd://")):
+        return _bad(listen, "only a host and port can be listened on, not unix: or fd://")
+    if listen.startswith("["):
+        host, bracket, rest = listen[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return _bad(listen, "an address in brackets is written as in [::1]:8080")
+        port = rest[1:] if rest else None
+    elif ":" in listen:
+        host, _, port = listen.rpartition(":")
+        if ":" in host:
+            return _bad(listen, f"a host with ':' in it goes in brackets, as in [{host}]:{port}")
+    else:
+        host, port = listen, None
+    if not host:
+        where = "no host and no port" if not port else "no host"
+        return _bad(listen, f"{where} (as in 127.0.0.1:8080; 0.0.0.0:8080 is every interface)")
+    shown = f"[{host}]" if ":" in host else host
+    if not port:
+        return _bad(listen, f"no port (as in {shown}:8080; port 0 picks a free port)")
+    if not (port.isascii() and port.isdigit()):
+        return _bad(listen, f"port {port!r} is not a number ({_PORTS})")
+    if len(port) > 5 or int(port) > 65535:
+        return _bad(listen, f"port {port} is out of range ({_PORTS})")
+    return host, int(port)
+
+
+def _bad(listen: str, reason: str) -> typing.NoReturn:
+    raise ListenError(listen or "''", OSError(errno.EINVAL, reason))
+
+
 def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings = hypercorn.config.Config()
-    settings.bind = [listen]
+    host, port = listen_address(listen)
+    settings.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     settings.accesslog = None
     # Through our logging setup rather than hypercorn's own handler (no double lines).
     settings.errorlog = logging.getLogger("hypercorn.error")
@@ -118,7 +166,8 @@ async def serve(
     watch_config: bool = False,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``config`` on ``listen`` (``HOST:PORT``) until SIGINT or SIGTERM.
+    """Serve ``config`` on ``listen`` (``HOST:PORT``, see :func:`listen_address`) until
+    SIGINT or SIGTERM.
 
     ``config_path`` is the file SIGHUP and ``POST /api/config/reload`` reload from (and,
     with ``watch_config``, reload whenever it changes). ``task_status.started`` receives
@@ -126,8 +175,10 @@ async def serve(
 
     Raises:
         ConfigError: ``store.path`` cannot be opened as the activity store.
-        ListenError: ``listen`` cannot be listened on (in use, not allowed).
+        ListenError: ``listen`` is not ``HOST:PORT`` or cannot be listened on (in use,
+            not allowed).
     """
+    listen_address(listen)  # before anything starts
     activity = ActivityLog()
     store = writer = None
     if config.store is not None:

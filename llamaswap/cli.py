@@ -12,7 +12,7 @@ from functools import partial
 
 import trio
 
-from llamaswap._serve import serve
+from llamaswap._serve import listen_address, serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
 from llamaswap.config.paths import format_path
@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         "--listen",
         default=DEFAULT_LISTEN,
         metavar="HOST:PORT",
-        help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free port)",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; an IPv6 host in brackets: "
+        "[::1]:8080; port 0 picks a free port)",
     )
     parser.add_argument(
         "--watch-config",
@@ -105,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(import_config(args[1:]))
     options = _parser().parse_args(args)
+    try:
+        listen_address(options.listen)  # a bad --listen before the config is read
+    except LlamaSwapError as exc:
+        print(f"llamaswap: {exc}", file=sys.stderr)
+        sys.exit(2)
     try:
         config = load_config(options.config)
     except ConfigError as exc:

@@ -1,0 +1,80 @@
+"""The ``llamaswap`` command line: ``--listen``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamaswap._serve import listen_address
+from llamaswap.errors import ListenError
+
+ROOT = Path(__file__).resolve().parents[2]
+HINT = "; choose another address with --listen HOST:PORT"
+
+
+@pytest.mark.parametrize(
+    ("listen", "expected"),
+    [
+        ("127.0.0.1:8080", ("127.0.0.1", 8080)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("localhost:65535", ("localhost", 65535)),
+        ("0.0.0.0:080", ("0.0.0.0", 80)),
+        ("[::1]:8080", ("::1", 8080)),
+        ("[::]:0", ("::", 0)),
+    ],
+)
+def test_host_colon_port_is_listened_on(listen: str, expected: tuple[str, int]) -> None:
+    assert listen_address(listen) == expected
+
+
+@pytest.mark.parametrize(
+    ("listen", "reason"),
+    [
+        ("127.0.0.1:99999", "port 99999 is out of range (0 to 65535; 0 picks a free port)"),
+        ("127.0.0.1:65536", "port 65536 is out of range (0 to 65535; 0 picks a free port)"),
+        ("127.0.0.1:-1", "port '-1' is not a number (0 to 65535; 0 picks a free port)"),
+        ("127.0.0.1:abc", "port 'abc' is not a number (0 to 65535; 0 picks a free port)"),
+        ("127.0.0.1:٨٠", "port '٨٠' is not a number (0 to 65535; 0 picks a free port)"),
+        ("127.0.0.1", "no port (as in 127.0.0.1:8080; port 0 picks a free port)"),
+        ("127.0.0.1:", "no port (as in 127.0.0.1:8080; port 0 picks a free port)"),
+        ("[::1]", "no port (as in [::1]:8080; port 0 picks a free port)"),
+        ("[::1]:", "no port (as in [::1]:8080; port 0 picks a free port)"),
+        ("", "no host and no port (as in 127.0.0.1:8080; 0.0.0.0:8080 is every interface)"),
+        (":8080", "no host (as in 127.0.0.1:8080; 0.0.0.0:8080 is every interface)"),
+        ("[]:8080", "no host (as in 127.0.0.1:8080; 0.0.0.0:8080 is every interface)"),
+        ("::1:8080", "a host with ':' in it goes in brackets, as in [::1]:8080"),
+        ("[::1", "an address in brackets is written as in [::1]:8080"),
+        ("[::1]8080", "an address in brackets is written as in [::1]:8080"),
+        ("unix:/tmp/x.sock", "only a host and port can be listened on, not unix: or fd://"),
+        ("fd://3", "only a host and port can be listened on, not unix: or fd://"),
+    ],
+)
+def test_anything_else_is_refused_saying_what_is_wrong(listen: str, reason: str) -> None:
+    with pytest.raises(ListenError) as caught:
+        listen_address(listen)
+    assert str(caught.value) == f"cannot listen on {listen or repr('')}: {reason}{HINT}"
+
+
+def test_a_port_of_thousands_of_digits_is_out_of_range() -> None:
+    with pytest.raises(ListenError, match="is out of range"):
+        listen_address("127.0.0.1:" + "9" * 5000)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamaswap", *args],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:-1", "", "127.0.0.1"])
+def test_a_bad_listen_is_one_line_and_exit_2_before_the_config_is_read(listen: str) -> None:
+    # Nothing binds: the address is refused before the (missing) config is even read.
+    done = run("--config", "/no/such/config.toml", "--listen", listen)
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"llamaswap: cannot listen on {listen or repr('')}: ")
+    assert done.stdout == ""
