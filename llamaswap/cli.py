@@ -22,6 +22,12 @@ from llamaswap.observability.logs import configure_console
 __all__ = ["check_config", "main", "missing_programs"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
+CHECK_CONFIG_USAGE = "usage: llamaswap check-config PATH"
+CHECK_CONFIG_HELP = (
+    "Print every problem in the TOML config at PATH, one per line, without starting "
+    "anything.\nExit status 0 when it is valid (a program not found on PATH is only a "
+    "warning), 2 when not."
+)
 
 
 def check_config(path: str) -> int:
@@ -66,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="llamaswap",
         description="A model-swapping, priority-scheduling proxy for local AI servers.",
         epilog="Validate a config without serving: llamaswap check-config PATH. "
-        "Translate a llama-swap config: llamaswap import-config FILE -o config.toml",
+        "Translate a llama-swap config: llamaswap import-config FILE -o config.toml. "
+        "Try a scheduler on a workload in simulated time: "
+        "llamaswap simulate --config PATH --workload W.toml (each takes --help).",
     )
     parser.add_argument("--version", action="version", version=f"llamaswap {version()}")
     parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
@@ -93,8 +101,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["check-config"]:
+        if args[1:2] in (["-h"], ["--help"]):
+            print(f"{CHECK_CONFIG_USAGE}\n\n{CHECK_CONFIG_HELP}")
+            sys.exit(0)
         if len(args) != 2:
-            print("usage: llamaswap check-config PATH", file=sys.stderr)
+            print(CHECK_CONFIG_USAGE, file=sys.stderr)
             sys.exit(2)
         sys.exit(check_config(args[1]))
     if args[:1] == ["simulate"]:

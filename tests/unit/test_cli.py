@@ -1,4 +1,4 @@
-"""The ``llamaswap`` command line: ``--listen``."""
+"""The ``llamaswap`` command line: ``--listen``, ``--help``, ``check-config --help``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llamaswap._serve import listen_address
+from llamaswap.cli import main
 from llamaswap.errors import ListenError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +79,24 @@ def test_a_bad_listen_is_one_line_and_exit_2_before_the_config_is_read(listen: s
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"llamaswap: cannot listen on {listen or repr('')}: ")
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_check_config_help_is_help_not_a_file_name(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["check-config", flag])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: llamaswap check-config PATH\n")
+    assert "problem" in out
+
+
+def test_help_names_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for command in ("llamaswap check-config", "llamaswap import-config", "llamaswap simulate"):
+        assert command in out
