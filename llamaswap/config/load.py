@@ -143,7 +143,8 @@ def _resolve_store_path(config: Config, directory: str | None) -> Config:
 
 def _parse_toml(text: str, file: str) -> dict[str, Any]:
     try:
-        return tomli.loads(text)
+        # A byte-order mark, as some Windows editors save UTF-8, is no part of the TOML.
+        return tomli.loads(text.removeprefix("\ufeff"))
     except tomli.TOMLDecodeError as exc:
         message = exc.msg[:1].lower() + exc.msg[1:]
         problem = ConfigProblem("", f"invalid TOML: {message}", exc.lineno, exc.colno)

@@ -315,6 +315,13 @@ def test_toml_syntax_error_gives_line_and_column() -> None:
     assert problem.render("bad.toml").startswith("bad.toml:2:12: invalid TOML: ")
 
 
+def test_a_byte_order_mark_before_the_toml_is_no_error(tmp_path: pathlib.Path) -> None:
+    """As Windows editors save UTF-8: the mark is no part of the document."""
+    path = tmp_path / "config.toml"
+    path.write_text("\ufeffstartPort = 6000\n" + MINIMAL, encoding="utf-8")
+    assert load_config(path).start_port == 6000
+
+
 def test_load_config_reads_a_file(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text(MINIMAL, encoding="utf-8")
