@@ -634,6 +634,55 @@ async def test_with_api_keys_the_page_is_refused_until_a_key_is_given(
 
 
 @needs_browser
+async def test_a_key_no_header_can_carry_is_refused_and_asked_for_again(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """A zero-width space or a curly quote pasted with the key: fetch() cannot send it, and
+    the page used to show "disconnected, retrying" for ever (after a reload too, when the
+    key was remembered, with the API key button hidden)."""
+    proxy = await proxy_factory(config('[models.beta]\ncmd = "${fake}"', apiKeys=["sk-ui-1"]))
+
+    def body(tab: Tab) -> None:
+        page = tab.page
+        page.goto(f"{tab.url}/ui/")
+        dialog = page.get_by_role("dialog", name="API key needed")
+        error = page.locator("#key-error")
+        expect(dialog).to_be_visible(timeout=WAIT)
+        for bad, said in (("sk-ui-1\u200b", "U+200B"), ("\u2018sk-ui-1\u2019", "U+2018")):
+            page.get_by_label("Key", exact=True).fill(bad)
+            page.get_by_role("button", name="Use key").click()
+            expect(error).to_contain_text(f"That key holds {said}", timeout=WAIT)
+            expect(error).to_contain_text("printable ASCII without spaces")
+            expect(dialog).to_be_visible()
+            expect(page.locator("#conn")).to_have_attribute("data-state", "key")
+        page.get_by_label("Key", exact=True).fill("sk-ui-1")
+        page.get_by_role("button", name="Use key").click()
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+        page.screenshot(path=tmp_path / "key-live.png")
+
+        # One saved by an older page (or by hand): the prompt says why, and the key works.
+        page.evaluate(
+            """() => {
+                sessionStorage.clear();
+                localStorage.setItem("llamaswap.apiKey", "sk-ui-1\u200b");
+            }"""
+        )
+        page.reload()
+        expect(dialog).to_be_visible(timeout=WAIT)
+        expect(error).to_contain_text("The saved key could not be used", timeout=WAIT)
+        expect(error).to_contain_text("U+200B")
+        expect(page.get_by_role("button", name="API key")).to_be_visible()
+        page.screenshot(path=tmp_path / "key-saved-unusable.png")
+        assert page.evaluate('localStorage.getItem("llamaswap.apiKey")') is None
+        page.get_by_label("Key", exact=True).fill("sk-ui-1")
+        page.get_by_role("button", name="Use key").click()
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+        expect(state_of(tab.model("beta"))).to_have_text("stopped", timeout=WAIT)
+
+    await in_browser(proxy.url, body)
+
+
+@needs_browser
 async def test_screenshots_in_light_and_dark_at_1280_and_390_pixels(
     proxy_factory: StartProxy, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ const BASE = new URL("../", document.baseURI);
 let key = sessionStorage.getItem(KEY_NAME) ?? localStorage.getItem(KEY_NAME);
 let keyWanted = null; // a promise while the page waits for the user to give a key
 let askForKey = null; // set by the app: (message) => Promise<void>
+let savedKeyUnusable = null; // why a key kept in storage was dropped, told at the prompt
 
 export class ApiError extends Error {
   constructor(status, body, fallback) {
@@ -20,6 +21,27 @@ export class ApiError extends Error {
     this.code = body?.error?.code ?? null;
     this.body = body;
   }
+}
+
+// A key is printable ASCII without spaces, as llamaswap's config requires of apiKeys
+// (docs/configuration.md): it travels in a header. fetch() refuses to send anything else
+// (a zero-width space or a curly quote picked up by copy and paste) before any server sees
+// it, so such a key is refused here, with the reason, instead of failing every request.
+export function keyProblem(value) {
+  const bad = [...value].find((char) => char < "!" || char > "~");
+  if (value && bad === undefined) return null;
+  const what = bad === undefined ? "is empty" : `holds ${bad === " " ? "a space" : codePoint(bad)}`;
+  return `That key ${what}: an API key is printable ASCII without spaces. Check for a space, a curly quote or an invisible character copied with it.`;
+}
+
+function codePoint(char) {
+  return `U+${char.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}`;
+}
+
+if (key !== null && keyProblem(key) !== null) {
+  // Saved before this check existed: it could never be sent, so ask for another.
+  savedKeyUnusable = `The saved key could not be used. ${keyProblem(key)}`;
+  forgetKey();
 }
 
 export function url(path) {
@@ -50,7 +72,8 @@ export function onKeyNeeded(callback) {
 // One prompt however many requests were refused at once; resolves once a key is set.
 function keyNeeded(refused) {
   if (keyWanted === null) {
-    const message = refused ? "That key was refused." : "";
+    const message = refused ? "That key was refused." : (savedKeyUnusable ?? "");
+    savedKeyUnusable = null;
     keyWanted = askForKey(message).finally(() => {
       keyWanted = null;
     });

@@ -35,6 +35,12 @@ $("#key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const value = $("#key-input").value.trim();
   if (!value) return;
+  const problem = api.keyProblem(value);
+  if (problem !== null) {
+    setText($("#key-error"), problem); // no server could take it: ask again at once
+    $("#key-input").focus();
+    return;
+  }
   api.setKey(value, $("#key-remember").checked);
   $("#key-input").value = "";
   $("#key-dialog").close();
