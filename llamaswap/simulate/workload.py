@@ -133,8 +133,9 @@ def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Wo
     """
     converter = make_converter()
     converter.register_structure_hook(Priority, _priority)
+    raw = _parse_toml(text, file)  # a syntax error: its own ConfigError, with line:column
     try:
-        workload = converter.structure(_parse_toml(text, file), Workload)
+        workload = converter.structure(raw, Workload)
     except Exception as exc:  # a cattrs exception group: every problem in it
         raise ConfigError(file, _problems(walk_error(exc))) from None
     problems: list[Problem] = []

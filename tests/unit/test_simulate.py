@@ -119,6 +119,28 @@ def test_streams_need_a_duration() -> None:
         loads_workload(text, config())
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "column", "message"),
+    [
+        ("seed = \n", 1, 8, "invalid TOML: invalid value"),
+        (
+            "[[streams]\n",
+            1,
+            10,
+            "invalid TOML: expected ']]' at the end of an array declaration",
+        ),
+    ],
+)
+def test_a_toml_syntax_error_is_one_problem_with_line_and_column(
+    text: str, line: int, column: int, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        loads_workload(text, config(), file="w.toml")
+    assert [p.render("w.toml") for p in caught.value.problems] == [
+        f"w.toml:{line}:{column}: {message}"
+    ]
+
+
 def test_the_same_seed_gives_the_same_arrivals_and_another_seed_others() -> None:
     text = workload_text(
         """
@@ -282,3 +304,14 @@ def test_the_command_reports_a_bad_workload_and_exits_2(tmp_path: Path) -> None:
     done = simulate_command("--workload", str(bad))
     assert done.returncode == 2
     assert "requests[0].model: no model 'zzz'" in done.stderr
+
+
+def test_the_command_says_where_a_workload_has_a_toml_syntax_error(tmp_path: Path) -> None:
+    path = tmp_path / "w.toml"
+    path.write_text("[[streams]\n")
+    done = simulate_command("--workload", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"1 problem in {path}:",
+        f"  {path}:1:10: invalid TOML: expected ']]' at the end of an array declaration",
+    ]
