@@ -44,7 +44,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         config = load_config(options.config)
         workload = load_workload(options.workload, config)
-    except (ConfigError, OSError) as exc:
+    except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     logging.getLogger("llamaswap").setLevel(logging.WARNING)  # a swap is not news here

@@ -165,9 +165,22 @@ def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Wo
 
 
 def load_workload(path: str, config: Config) -> Workload:
-    """The workload file at ``path`` (see :func:`loads_workload`)."""
-    with open(path, encoding="utf-8") as file:
-        return loads_workload(file.read(), config, file=path)
+    """The workload file at ``path`` (see :func:`loads_workload`).
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8, or is not a valid workload;
+            as :func:`~llamaswap.config.load_config` says it of a config file.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        raise ConfigError(path, [ConfigProblem("", f"cannot read the file: {reason}")]) from exc
+    except UnicodeDecodeError as exc:
+        problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
+        raise ConfigError(path, [problem]) from exc
+    return loads_workload(text, config, file=path)
 
 
 def jobs(workload: Workload) -> list[Job]:

@@ -16,6 +16,7 @@ from llamaswap.simulate import (
     Run,
     figures,
     jobs,
+    load_workload,
     loads_workload,
     policies,
     run_policy,
@@ -139,6 +140,28 @@ def test_a_toml_syntax_error_is_one_problem_with_line_and_column(
     assert [p.render("w.toml") for p in caught.value.problems] == [
         f"w.toml:{line}:{column}: {message}"
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe[[requests]]\n", "the file is not UTF-8 text (byte 0)"),
+        (b"# caf\xe9\nseed = 1\n", "the file is not UTF-8 text (byte 5)"),
+        (None, "cannot read the file: no such file or directory"),
+        (b"", "cannot read the file: is a directory"),
+    ],
+)
+def test_a_file_that_cannot_be_read_is_said_as_of_a_config(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    path = tmp_path / "w.toml"
+    if content == b"":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        load_workload(str(path), config())
+    assert [p.render(str(path)) for p in caught.value.problems] == [f"{path}: {message}"]
 
 
 def test_the_same_seed_gives_the_same_arrivals_and_another_seed_others() -> None:
@@ -315,3 +338,22 @@ def test_the_command_says_where_a_workload_has_a_toml_syntax_error(tmp_path: Pat
         f"1 problem in {path}:",
         f"  {path}:1:10: invalid TOML: expected ']]' at the end of an array declaration",
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe", "the file is not UTF-8 text (byte 0)"),
+        (None, "cannot read the file: no such file or directory"),
+    ],
+)
+def test_the_command_says_what_is_wrong_with_a_workload_file_without_a_traceback(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    path = tmp_path / "w.toml"
+    if content is not None:
+        path.write_bytes(content)
+    done = simulate_command("--workload", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"1 problem in {path}:", f"  {path}: {message}"]
+    assert done.stdout == ""
