@@ -521,6 +521,60 @@ async def test_logs_stream_live_with_a_model_picker_and_search(
 
 
 @needs_browser
+async def test_the_model_pickers_offer_the_models_the_cards_show(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """The Logs Source and the Activity model filter list the models shown as cards (and
+    Activity any model its records name): not a stopped unlisted model, and not one a
+    reload removed, which the page still hears stop after its fresh snapshot."""
+    models = """
+[models.beta]
+cmd = "${fake}"
+[models.hidden]
+cmd = "${fake}"
+unlisted = true
+"""
+    gamma = """
+[models.gamma]
+cmd = "${fake} --ignore-sigterm"
+unloadTimeout = 2
+"""
+    proxy = await proxy_factory(config(models + gamma))
+    original = await trio.Path(proxy.config).read_text()
+    async with proxy.client() as client:
+        assert (await client.post("/api/models/load/gamma")).status_code == 200
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        expect(state_of(tab.model("gamma"))).to_have_text("ready", timeout=WAIT)
+        source = page.get_by_label("Source")
+        sources = source.locator("option")
+        activity_models = page.locator("#activity-filters").get_by_label("Model").locator("option")
+        expect(sources).to_have_text(["everything", "llamaswap only", "beta", "gamma"])
+        expect(activity_models).to_have_text(["any", "beta", "gamma"])  # gamma: its load
+
+        page.get_by_role("tab", name="Logs").click()
+        source.select_option("gamma")
+        expect(page.locator("#log")).to_contain_text("listening on", timeout=WAIT)
+        proxy.config.write_text(original.replace(gamma, ""))
+        page.get_by_role("button", name="Reload config").click()
+        expect(page.locator("#reload-summary")).to_contain_text("1 removed", timeout=WAIT)
+        # It ignores SIGTERM: stopping for its unloadTimeout, then killed, and gone.
+        expect(tab.model("gamma")).to_have_count(0, timeout=WAIT)
+        expect(sources).to_have_text(["everything", "llamaswap only", "beta"], timeout=WAIT)
+        expect(source).to_have_value("")  # its model went: everything, read afresh
+        expect(page.locator("#log")).to_contain_text("model 'gamma': stopped", timeout=WAIT)
+        expect(page.locator("#log")).not_to_contain_text("the log stream")
+        page.locator(".tabs-panel").screenshot(path=tmp_path / "removed.png")
+        page.get_by_role("tab", name="Activity").click()
+        expect(activity_models).to_have_text(["any", "beta", "gamma"])  # its record stays
+        assert tab.errors == []
+
+    await in_browser(proxy.url, body)
+
+
+@needs_browser
 async def test_the_playground_follows_its_request_through_the_load(
     proxy_factory: StartProxy,
 ) -> None:

@@ -262,7 +262,8 @@ export function mountActivity(store) {
 
   function renderFilterOptions() {
     const select = form.elements.model;
-    const models = new Set([...store.models.keys()]);
+    // The models the cards show, and any that the records name (a removed model's history).
+    const models = new Set(store.visibleModels().map((model) => model.id));
     for (const record of records.values()) if (record.model) models.add(record.model);
     const wanted = ["", ...[...models].sort()];
     const have = [...select.options].map((option) => option.value);

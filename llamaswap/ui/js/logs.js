@@ -110,8 +110,10 @@ export function mountLogs(store) {
     controller = null;
   }
 
+  // The models the cards show (store.visibleModels): not one a reload removed, whose late
+  // "stopped" event the store still hears.
   function renderSources() {
-    const models = [...store.models.keys()].sort();
+    const models = store.visibleModels().map((model) => model.id).sort();
     const have = [...source.options].slice(2).map((option) => option.value);
     if (models.join("\n") === have.join("\n")) return;
     const chosen = source.value;
@@ -121,6 +123,7 @@ export function mountLogs(store) {
       ...models.map((model) => h("option", { value: model }, model)),
     );
     source.value = chosen === "" || chosen === "-" || models.includes(chosen) ? chosen : "";
+    if (source.value !== chosen && shown) open(); // its model went: show everything
   }
 
   source.addEventListener("change", () => {
