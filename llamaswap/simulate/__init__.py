@@ -17,11 +17,12 @@ import attrs
 from llamaswap.config import Config
 from llamaswap.config.model import SerialSettings, toml_key
 
-from .report import Figures, figures, plot, table
+from .report import PLOT_FORMATS, Figures, figures, plot, plot_problem, table
 from .run import Outcome, Run, simulate
 from .workload import Job, Workload, jobs, load_workload, loads_workload
 
 __all__ = [
+    "PLOT_FORMATS",
     "Figures",
     "Job",
     "Outcome",
@@ -33,6 +34,7 @@ __all__ = [
     "load_workload",
     "loads_workload",
     "plot",
+    "plot_problem",
     "policies",
     "run_policy",
     "simulate",

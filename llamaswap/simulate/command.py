@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from llamaswap.config import load_config
 from llamaswap.errors import ConfigError
 
-from . import figures, load_workload, plot, policies, run_policy, table
+from . import PLOT_FORMATS, figures, load_workload, plot, plot_problem, policies, run_policy, table
 
 __all__ = ["main"]
 
@@ -33,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also run arrival order, strict priority and fifo on the same arrivals",
     )
     parser.add_argument(
-        "--plot", metavar="PATH", help="draw waits over time per band to PATH (a .png)"
+        "--plot",
+        metavar="PATH",
+        help=f"draw waits over time per band to PATH (ending in {', '.join(PLOT_FORMATS)})",
     )
     return parser
 
@@ -47,17 +49,21 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if options.plot is not None and (problem := plot_problem(options.plot)):
+        print(problem, file=sys.stderr)  # before the runs, which may take minutes
+        return 2
     logging.getLogger("llamaswap").setLevel(logging.WARNING)  # a swap is not news here
     runs = [
         (policy.name, run_policy(policy, config, workload))
         for policy in policies(config, compare=options.compare)
     ]
     print(table([figures(name, run) for name, run in runs]))
-    if options.plot:
+    if options.plot is not None:
         try:
             plot(runs, options.plot)
-        except ImportError:
-            print("--plot needs matplotlib: pip install 'llamaswap[plot]'", file=sys.stderr)
+        except OSError as exc:  # checked above, but a disk can fill or a directory go
+            reason = (exc.strerror or str(exc)).lower()
+            print(f"--plot {options.plot}: cannot write the file: {reason}", file=sys.stderr)
             return 2
         print(f"plot: {options.plot}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import attrs
@@ -11,7 +12,11 @@ from llamaswap.schedulers import band_of
 
 from .run import Run
 
-__all__ = ["Figures", "figures", "plot", "table"]
+__all__ = ["PLOT_FORMATS", "Figures", "figures", "plot", "plot_problem", "table"]
+
+#: What ``--plot PATH`` may end in: formats matplotlib writes with nothing more installed.
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+_NO_MATPLOTLIB = "--plot needs matplotlib: pip install 'llamaswap[plot]'"
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -98,6 +103,35 @@ def table(rows: Sequence[Figures]) -> str:
 
     rule = "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule, *(line(row) for row in cells)])
+
+
+def plot_problem(path: str) -> str | None:
+    """What would stop :func:`plot` writing ``path``, as a line to print; None if nothing.
+
+    Checked before the runs, which may take minutes: a plot that cannot be written must
+    not be found out only at the end. (matplotlib would also add ``.png`` to a name
+    without an extension, so that a directory ``plots`` got ``plots.png`` beside it.)
+    """
+    where = f"--plot {path or repr('')}"
+    if os.path.isdir(path):
+        example = os.path.join(path, "waits.png")
+        return f"{where}: is a directory; give a file name in it, such as {example}"
+    if os.path.splitext(path)[1].lower() not in PLOT_FORMATS:
+        endings = f"{', '.join(PLOT_FORMATS[:-1])} or {PLOT_FORMATS[-1]}"
+        return f"{where}: the file name must end in {endings}"
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        return f"{where}: {directory} {what}"
+    if not os.access(directory, os.W_OK | os.X_OK) or (
+        os.path.exists(path) and not os.access(path, os.W_OK)
+    ):
+        return f"{where}: permission denied"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return _NO_MATPLOTLIB
+    return None
 
 
 def plot(runs: Sequence[tuple[str, Run]], path: str) -> None:

@@ -357,3 +357,46 @@ def test_the_command_says_what_is_wrong_with_a_workload_file_without_a_traceback
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"1 problem in {path}:", f"  {path}: {message}"]
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("plot", "message"),
+    [
+        ("missing/waits.png", "--plot {tmp}/missing/waits.png: {tmp}/missing does not exist"),
+        ("file/waits.png", "--plot {tmp}/file/waits.png: {tmp}/file is not a directory"),
+        ("waits.txt", "--plot {tmp}/waits.txt: the file name must end in .png, .svg or .pdf"),
+        ("waits", "--plot {tmp}/waits: the file name must end in .png, .svg or .pdf"),
+        (
+            "",
+            "--plot {tmp}/: is a directory; give a file name in it, such as {tmp}/waits.png",
+        ),
+    ],
+)
+def test_a_plot_path_that_cannot_be_written_is_refused_before_the_runs(
+    tmp_path: Path, plot: str, message: str
+) -> None:
+    (tmp_path / "file").write_text("")
+    workload = str(EXAMPLES / "mixed.workload.toml")
+    done = simulate_command("--workload", workload, "--plot", f"{tmp_path}/{plot}")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [message.format(tmp=tmp_path)]
+    assert done.stdout == ""  # no table: nothing was simulated
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # and nothing written
+
+
+def test_an_empty_plot_path_is_refused_not_ignored(tmp_path: Path) -> None:
+    workload = str(EXAMPLES / "mixed.workload.toml")
+    done = simulate_command("--workload", workload, "--plot", "")
+    assert done.returncode == 2
+    assert done.stderr == "--plot '': the file name must end in .png, .svg or .pdf\n"
+
+
+def test_the_plot_may_be_an_svg_and_its_printed_path_is_the_file_written(tmp_path: Path) -> None:
+    svg = tmp_path / "waits.svg"
+    done = simulate_command(
+        "--workload", str(EXAMPLES / "mixed.workload.toml"), "--plot", str(svg)
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"plot: {svg}"
+    assert b"<svg" in svg.read_bytes()[:1000]
+    assert [p.name for p in tmp_path.iterdir()] == ["waits.svg"]
