@@ -521,6 +521,43 @@ async def test_logs_stream_live_with_a_model_picker_and_search(
 
 
 @needs_browser
+async def test_the_logs_tab_follows_the_log_again_after_llamaswap_restarts(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """The shown Logs tab reads its stream again from the fresh snapshot after the page
+    reconnects (it stayed at "[the log stream ended ...]" while the header said live), and
+    shows the new history once."""
+    text = config('[models.beta]\ncmd = "${fake}"')
+    first = await proxy_factory(text)
+    address = first.url.removeprefix("http://")
+
+    async def restart() -> None:
+        await first.terminate()
+        again = await proxy_factory(text, args=("--listen", address))  # the last one counts
+        assert again.url == first.url
+        async with again.client() as client:
+            answer = await client.post("/v1/chat/completions", json=chat("beta"))
+            assert answer.status_code == 200
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        log = page.locator("#log")
+        page.get_by_role("tab", name="Logs").click()
+        expect(log).to_contain_text("Running on http://", timeout=WAIT)
+        blocking(restart)
+        expect(log).to_contain_text("request POST /v1/chat/completions", timeout=WAIT)
+        expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+        # The new process's history, once, and nothing of the old stream's end.
+        expect(log.locator(".line", has_text="Running on http://")).to_have_count(1)
+        expect(log).not_to_contain_text("the log stream")
+        page.locator(".tabs-panel").screenshot(path=tmp_path / "logs-after-restart.png")
+        assert all("ERR_CONNECTION_REFUSED" in error for error in tab.errors), tab.errors
+
+    await in_browser(first.url, body)
+
+
+@needs_browser
 async def test_the_model_pickers_offer_the_models_the_cards_show(
     proxy_factory: StartProxy, tmp_path: Path
 ) -> None:

@@ -19,6 +19,9 @@ export function mountLogs(store) {
   let lines = []; // {text, src}
   let controller = null;
   let shown = false;
+  // The stream has ended or failed, or the event stream broke since it was opened (say
+  // llamaswap restarted): the next snapshot, on reconnection, opens it again.
+  let stale = false;
   let pending = []; // lines not rendered yet
   let frame = 0;
 
@@ -90,7 +93,8 @@ export function mountLogs(store) {
     controller?.abort();
     const mine = new AbortController();
     controller = mine;
-    lines = [];
+    stale = false;
+    lines = []; // the history comes again: nothing is shown twice
     pending = [];
     pre.replaceChildren();
     const model = source.value && source.value !== "-" ? source.value : null;
@@ -99,9 +103,13 @@ export function mountLogs(store) {
       const response = await api.request(path, { signal: mine.signal });
       if (!response.ok) throw new api.ApiError(response.status, await response.json().catch(() => null));
       for await (const text of api.lines(response, mine.signal)) receive(parse(text, model));
-      if (!mine.signal.aborted) receive({ text: "[the log stream ended: llamaswap stopped]", src: null });
+      if (mine.signal.aborted) return;
+      stale = true;
+      receive({ text: "[the log stream ended: llamaswap stopped]", src: null });
     } catch (error) {
-      if (!mine.signal.aborted) receive({ text: `[the log stream failed: ${error.message}]`, src: null });
+      if (mine.signal.aborted) return;
+      stale = true;
+      receive({ text: `[the log stream failed: ${error.message}]`, src: null });
     }
   }
 
@@ -138,7 +146,9 @@ export function mountLogs(store) {
   });
   $("#logs-form").addEventListener("submit", (event) => event.preventDefault());
   store.on((what) => {
+    if (what === "connection" && store.connection.state === "retrying") stale = true;
     if (what === "snapshot" || what === "models") renderSources();
+    if (what === "snapshot" && shown && stale) open(); // reconnected: follow the log again
   });
 
   return {
