@@ -30,7 +30,7 @@ from .paths import Path, Problem, format_path
 from .validate import validate
 from .values import InvalidValue, parse_bool, parse_duration_in
 
-__all__ = ["load_config", "loads_config"]
+__all__ = ["load_config", "loads_config", "parse_toml", "read_text"]
 
 # Top-level keys whose value is each model's default for the model key.
 _INHERITED: tuple[tuple[str, str, Callable[[object], object]], ...] = (
@@ -76,17 +76,26 @@ def load_config(
         ConfigError: the file cannot be read or is invalid; ``problems`` lists every problem.
     """
     file = os.fspath(path)
+    text = read_text(file)
+    directory = os.path.dirname(os.path.abspath(file))
+    return loads_config(text, file=file, directory=directory, free=free, keep=keep)
+
+
+def read_text(file: str) -> str:
+    """The UTF-8 text of ``file`` (a config or a workload).
+
+    Raises:
+        ConfigError: it cannot be read, or is not UTF-8, said as a problem of ``file``.
+    """
     try:
         with open(file, encoding="utf-8") as stream:
-            text = stream.read()
+            return stream.read()
     except OSError as exc:
         reason = (exc.strerror or str(exc)).lower()
         raise ConfigError(file, [ConfigProblem("", f"cannot read the file: {reason}")]) from exc
     except UnicodeDecodeError as exc:
         problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
         raise ConfigError(file, [problem]) from exc
-    directory = os.path.dirname(os.path.abspath(file))
-    return loads_config(text, file=file, directory=directory, free=free, keep=keep)
 
 
 def loads_config(
@@ -115,7 +124,7 @@ def loads_config(
     Raises:
         ConfigError: the text is invalid; ``problems`` lists every problem found.
     """
-    raw = _parse_toml(text, file)
+    raw = parse_toml(text, file)
     if deep := _too_deep(raw):
         # Like a syntax error, reported alone: every later stage walks the document.
         raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
@@ -141,7 +150,12 @@ def _resolve_store_path(config: Config, directory: str | None) -> Config:
     return attrs.evolve(config, store=attrs.evolve(config.store, path=path))
 
 
-def _parse_toml(text: str, file: str) -> dict[str, Any]:
+def parse_toml(text: str, file: str) -> dict[str, Any]:
+    """The TOML document ``text``.
+
+    Raises:
+        ConfigError: a syntax error (at its line and column), or what Python cannot read.
+    """
     try:
         # A byte-order mark, as some Windows editors save UTF-8, is no part of the TOML.
         return tomli.loads(text.removeprefix("\ufeff"))

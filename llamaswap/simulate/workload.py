@@ -36,7 +36,7 @@ import attrs
 
 from llamaswap.config import Config
 from llamaswap.config.convert import make_converter, walk_error
-from llamaswap.config.load import _parse_toml
+from llamaswap.config.load import parse_toml, read_text
 from llamaswap.config.model import within
 from llamaswap.config.paths import Problem, format_path, suggestion
 from llamaswap.config.values import Bounds, InvalidValue, describe, scalar
@@ -133,7 +133,7 @@ def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Wo
     """
     converter = make_converter()
     converter.register_structure_hook(Priority, _priority)
-    raw = _parse_toml(text, file)  # a syntax error: its own ConfigError, with line:column
+    raw = parse_toml(text, file)  # a syntax error: its own ConfigError, with line:column
     try:
         workload = converter.structure(raw, Workload)
     except Exception as exc:  # a cattrs exception group: every problem in it
@@ -171,16 +171,7 @@ def load_workload(path: str, config: Config) -> Workload:
         ConfigError: the file cannot be read, is not UTF-8, or is not a valid workload;
             as :func:`~llamaswap.config.load_config` says it of a config file.
     """
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-    except OSError as exc:
-        reason = (exc.strerror or str(exc)).lower()
-        raise ConfigError(path, [ConfigProblem("", f"cannot read the file: {reason}")]) from exc
-    except UnicodeDecodeError as exc:
-        problem = ConfigProblem("", f"the file is not UTF-8 text (byte {exc.start})")
-        raise ConfigError(path, [problem]) from exc
-    return loads_workload(text, config, file=path)
+    return loads_workload(read_text(path), config, file=path)
 
 
 def jobs(workload: Workload) -> list[Job]:
