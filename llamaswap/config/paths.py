@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
 import attrs
@@ -22,6 +22,7 @@ __all__ = [
     "did_you_mean",
     "format_path",
     "known_list",
+    "leaves",
     "suggestion",
 ]
 
@@ -115,3 +116,16 @@ def suggestion(word: str, choices: Iterable[str], *, noun: str = "keys") -> str:
     if not options:
         return f"no {noun} are defined"
     return f"known {noun}: {known_list(options)}"
+
+
+def leaves(value: object, path: Path = ()) -> Iterator[tuple[Path, object]]:
+    """Every value in ``value`` (a parsed TOML document or part of one) that is not a table
+    or an array, with its path under ``value``, in document order."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from leaves(item, (*path, index))
+    else:
+        yield path, value

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from .paths import Path
+from .paths import Path, leaves
 
 __all__ = [
     "DURATION_HINT",
@@ -108,17 +108,11 @@ def scalar(value: object) -> object:
 def json_problems(value: object, path: Path = ()) -> Iterator[tuple[Path, str]]:
     """What in ``value`` (a free-form table's, sent as JSON) JSON cannot hold: NaN and
     infinities, and TOML's dates and times; each with its path under ``value``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        yield path, f"JSON has no {value}: write a finite number"
-    elif isinstance(value, (datetime.date, datetime.time)):
-        text = value.isoformat()
-        yield path, f'JSON has no dates or times: write it as a string, "{text}"'
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from json_problems(item, (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from json_problems(item, (*path, index))
+    for at, leaf in leaves(value, path):
+        if isinstance(leaf, float) and not math.isfinite(leaf):
+            yield at, f"JSON has no {leaf}: write a finite number"
+        elif isinstance(leaf, (datetime.date, datetime.time)):
+            yield at, f'JSON has no dates or times: write it as a string, "{leaf.isoformat()}"'
 
 
 def plain(value: object) -> object:

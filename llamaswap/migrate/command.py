@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import tomli
 
 from ..config import loads_config
-from ..config.paths import Path, format_path
+from ..config.paths import Path, format_path, leaves
 from ..errors import ConfigError
 
 __all__ = ["import_config"]
@@ -43,14 +43,9 @@ def _from_env(value: object, path: Path = ()) -> Iterator[str]:
     """The paths of the values in the TOML ``value`` that are exactly one ``${env.NAME}``:
     whether such a value is right (a number, a boolean, ...) depends on the variable where
     llamaswap runs, not on the placeholder it is checked with here."""
-    if isinstance(value, str) and _ENV_VALUE.fullmatch(value):
-        yield format_path(path)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _from_env(item, (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _from_env(item, (*path, index))
+    for at, leaf in leaves(value, path):
+        if isinstance(leaf, str) and _ENV_VALUE.fullmatch(leaf):
+            yield format_path(at)
 
 
 def _parser() -> argparse.ArgumentParser:
