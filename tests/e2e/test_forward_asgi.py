@@ -37,6 +37,21 @@ def http_scope(method: str, path: str) -> dict[str, Any]:
     }
 
 
+async def start(
+    nursery: trio.Nursery, model: ModelConfig
+) -> tuple[
+    Router, trio.MemorySendChannel[dict[str, Any]], trio.MemoryReceiveChannel[dict[str, Any]]
+]:
+    """A running router for ``model`` (as ``m``), and the channel the ASGI app receives
+    from, holding a bodiless request."""
+    spawner = FakeSpawner(nursery)
+    router = Router(Config(models={"m": model}), spawner=spawner, probe=FakeProbe(spawner))
+    await nursery.start(router.run)
+    to_app, from_server = trio.open_memory_channel[dict[str, Any]](10)
+    await to_app.send({"type": "http.request", "body": b"", "more_body": False})
+    return router, to_app, from_server
+
+
 async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     nursery: trio.Nursery,
 ) -> None:
@@ -44,14 +59,8 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     while it is still inside ``send``, tidying up (its keep-alive timer). That must not
     cancel the request task there: it is not a client leaving."""
     server = await start_server(nursery, serve_forever)
-    config = Config(
-        models={"m": ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)}
-    )
-    spawner = FakeSpawner(nursery)
-    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
-    await nursery.start(router.run)
-    to_app, from_server = trio.open_memory_channel[dict[str, Any]](10)
-    await to_app.send({"type": "http.request", "body": b"", "more_body": False})
+    model = ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)
+    router, to_app, from_server = await start(nursery, model)
     sent: list[dict[str, Any]] = []
     interrupted: list[str] = []
 
@@ -83,12 +92,9 @@ async def test_a_fault_in_a_management_route_is_a_json_500_of_llamaswaps(
 ) -> None:
     """SPEC §4.3: llamaswap's own failure is ``server_error``/``internal_error`` (a werkzeug
     500 was labelled an invalid request)."""
-    config = Config(models={"m": ModelConfig(cmd=("server", "1"), proxy="http://m:1")})
-    spawner = FakeSpawner(nursery)
-    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
-    await nursery.start(router.run)
-    to_app, from_server = trio.open_memory_channel[dict[str, Any]](10)
-    await to_app.send({"type": "http.request", "body": b"", "more_body": False})
+    router, _to_app, from_server = await start(
+        nursery, ModelConfig(cmd=("server", "1"), proxy="http://m:1")
+    )
     sent: list[dict[str, Any]] = []
 
     async def send(message: Any) -> None:
