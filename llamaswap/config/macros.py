@@ -414,7 +414,11 @@ def _allocate_ports(
         for m in sorted(models)
         if isinstance(models[m], dict) and _uses_port(models[m].get("cmd"))
     ]
-    ports = {m: keep[m] for m in wanted if m in keep and port <= keep[m] <= 65535}
+    ports: dict[str, int] = {}
+    for model_id in wanted:  # a port two models had (one by its own proxy): the first's
+        kept = keep.get(model_id)
+        if kept is not None and port <= kept <= 65535 and kept not in ports.values():
+            ports[model_id] = kept
     taken = set(ports.values())
     for model_id in wanted:
         if model_id in ports:

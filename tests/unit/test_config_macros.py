@@ -179,6 +179,14 @@ def test_a_reload_keeps_each_models_port_and_gives_new_ones_the_next_free() -> N
         """
     )
     keep = {"beta": 9000, "gamma": 9001, "gone": 9002}
+    twice = loads_config(
+        text, environ={}, free=lambda host, port: True, keep={"alpha": 9001, "gamma": 9001}
+    )  # alpha had 9001 by its own proxy: one port, one model
+    assert {m: model.proxy[-4:] for m, model in twice.models.items()} == {
+        "alpha": "9001",
+        "beta": "9000",
+        "gamma": "9002",
+    }
     config = loads_config(text, environ={}, free=lambda host, port: True, keep=keep)
     assert {m: model.proxy[-4:] for m, model in config.models.items()} == {
         "alpha": "9002",
