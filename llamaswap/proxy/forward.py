@@ -20,7 +20,7 @@ import collections
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from functools import partial
 from typing import final
 from urllib.parse import quote, unquote_to_bytes
@@ -151,6 +151,8 @@ class _Body:
         limit: int,
         nursery: trio.Nursery,
         on_disconnect: Callable[[], None],
+        *,
+        expected: bool,
     ) -> None:
         self._receive = receive
         self._limit = limit
@@ -158,8 +160,14 @@ class _Body:
         self._on_disconnect = on_disconnect
         self._received = 0
         self._buffered: collections.deque[bytes] = collections.deque()
+        self._expected = expected  # the request says it has a body
         self.disconnected = False
         self.complete = False  # the whole body has arrived
+
+    @property
+    def unread(self) -> bool:
+        """Whether some of the body the client sends has not been read."""
+        return self._expected and not self.complete
 
     async def _next(self) -> bytes | None:
         """The next chunk from the client; None once the body is complete."""
@@ -215,11 +223,13 @@ class _Body:
 
 @final
 class _Reply:
-    """The response to the client; remembers whether it has started."""
+    """The response to the client (to the request whose body is ``request``); remembers
+    whether it has started."""
 
-    def __init__(self, send: ASGISendCallable, exchange: Exchange) -> None:
+    def __init__(self, send: ASGISendCallable, exchange: Exchange, request: _Body) -> None:
         self._send = send
         self._exchange = exchange
+        self._request = request
         self.event_stream = False  # the response is text/event-stream
         self.finished = False  # the last byte has been sent
 
@@ -229,6 +239,10 @@ class _Reply:
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._exchange.status = status
+        if self._request.unread:
+            # An answer before the whole body (an error, a model server's early 413): the
+            # rest of the body would be read as the next request. Close the connection.
+            headers = [*headers, (b"connection", b"close")]
         self.event_stream = any(
             k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
         )
@@ -253,12 +267,9 @@ class _Reply:
         await self.start(status, [(b"content-type", b"application/json")])
         await self.body(json.dumps(document).encode(), more=False)
 
-    async def error(self, error: RequestError, *, close: bool = False) -> None:
+    async def error(self, error: RequestError) -> None:
         status, headers, body = error_response(error)
-        raw = [(k.encode(), v.encode()) for k, v in headers]
-        if close:
-            raw.append((b"connection", b"close"))
-        await self.start(status, raw)
+        await self.start(status, [(k.encode(), v.encode()) for k, v in headers])
         await self.body(body, more=False)
 
 
@@ -292,7 +303,6 @@ class Forwarder:
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         exchange = Exchange(scope["method"], scope["path"])
-        reply = _Reply(send, exchange)
         async with trio.open_nursery() as nursery:
 
             def client_left() -> None:
@@ -300,7 +310,9 @@ class Forwarder:
                 if not reply.finished:
                     nursery.cancel_scope.cancel(reason="client disconnected")
 
-            body = _Body(receive, self._config.max_body_bytes, nursery, client_left)
+            limit = self._config.max_body_bytes
+            body = _Body(receive, limit, nursery, client_left, expected=_has_body(scope))
+            reply = _Reply(send, exchange, body)
             try:
                 await self._handle(route, scope, body, reply, exchange)
             except RequestError as exc:
@@ -308,25 +320,21 @@ class Forwarder:
                 if not isinstance(exc, ModelStartFailed):  # logged once, by its supervisor
                     logger.info("%s %s: %s", scope["method"], scope["path"], exc)
                 messages = scope["path"] == anthropic.MESSAGES_PATH
-                await self._report(reply, exc, close=not body.complete, messages=messages)
+                await self._report(reply, exc, messages=messages)
             finally:
                 if body.disconnected and not reply.finished and exchange.error is None:
                     exchange.error = CLIENT_LEFT
                 self._recorder.finish(exchange)
             nursery.cancel_scope.cancel()  # the watcher, if hypercorn has not ended it yet
 
-    async def _report(
-        self, reply: _Reply, error: RequestError, *, close: bool, messages: bool
-    ) -> None:
+    async def _report(self, reply: _Reply, error: RequestError, *, messages: bool) -> None:
         """Answer ``error`` however much of the response has already gone out.
 
         ``messages``: the response is Anthropic Messages, whose streams end with an
         ``error`` event (a bare ``data:`` line would be ignored by its clients).
         """
         if not reply.started:
-            # A body we did not read to its end would be misread as the next request on
-            # this connection: close it instead.
-            await reply.error(error, close=close)
+            await reply.error(error)
         elif reply.event_stream:
             # The status line said 200 (a loading-state stream, or a stream that broke
             # off): say what went wrong as an event, then end the stream properly.
@@ -471,7 +479,9 @@ class Forwarder:
             await reply.body(b"data: " + event + b"\n\n", more=False)
             return
         tap = exchange.tap
-        length = response.header(b"content-length")
+        length = (
+            "" if response.header(b"transfer-encoding") else response.header(b"content-length")
+        )
         if length.isdigit() and int(length) <= SMALL_BODY:
             # A small answer goes out in one piece, together with the response's end.
             data = await response.read()
@@ -545,8 +555,6 @@ async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:
     if scope["query_string"]:
         location += "?" + scope["query_string"].decode("latin-1")
     headers = [(b"location", location.encode("latin-1")), (b"content-length", b"0")]
-    if _has_body(scope):
-        headers.append((b"connection", b"close"))  # its body is not read
     await reply.start(301 if scope["method"] in ("GET", "HEAD") else 308, headers)
     await reply.body(b"", more=False)
 
@@ -616,13 +624,22 @@ def _header_values(scope: HTTPScope, name: bytes) -> list[str]:
 
 
 def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes, bytes]]:
+    dropped = _HOP_BY_HOP | _named_in_connection(scope["headers"])
     headers = []
     for name, value in scope["headers"]:
         lower = name.lower()
-        if lower in _HOP_BY_HOP or (strip_auth and lower in (b"authorization", b"x-api-key")):
+        if lower in dropped or (strip_auth and lower in (b"authorization", b"x-api-key")):
             continue
         headers.append((lower, value))
     return headers
+
+
+def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The fields a ``Connection`` header names: this hop's own (RFC 9110 §7.6.1)."""
+    named = [v for k, v in headers if k.lower() == b"connection"]
+    if not named:
+        return frozenset()
+    return frozenset(t.strip().lower() for v in named for t in v.split(b",") if t.strip())
 
 
 #: Response fields hypercorn sets itself, and the one llamaswap sets (a peer llamaswap's
@@ -635,7 +652,10 @@ def _downstream_headers(
 ) -> list[tuple[bytes, bytes]]:
     """The upstream's response fields, and ``X-LlamaSwap-Upstream`` naming who answered:
     an error with it is the model server's, one without it llamaswap's own."""
-    headers = [(k, v) for k, v in response.headers if k not in _OURS]
+    dropped = _OURS | _named_in_connection(response.headers)
+    if response.header(b"transfer-encoding"):  # the body's length was its chunks'
+        dropped |= {b"content-length"}
+    headers = [(k, v) for k, v in response.headers if k not in dropped]
     headers.append((UPSTREAM_HEADER, model.encode()))
     if content_type.startswith("text/event-stream"):
         headers.append((b"x-accel-buffering", b"no"))

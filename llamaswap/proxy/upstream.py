@@ -161,9 +161,10 @@ class _Connection:
 
     def reusable(self) -> bool:
         state = self.h11
-        return not self.broken and (
-            self.recycled or state.our_state is state.their_state is h11.DONE
-        )
+        if self.broken or self.recycled:
+            return not self.broken
+        # Bytes after the answer's end were never asked for: the next answer would be them.
+        return state.our_state is state.their_state is h11.DONE and not state.trailing_data[0]
 
     def start_next_cycle(self) -> None:
         if not self.recycled:

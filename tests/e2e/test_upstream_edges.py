@@ -341,3 +341,74 @@ async def test_a_chunked_answer_that_ends_the_connection_is_not_reused(
         assert await get(pool, server.url, "/") == b"abc"
         assert await get(pool, server.url, "/next") == b"/next"
     assert server.connections == 2
+
+
+async def test_bytes_after_an_answer_are_never_the_next_answer(
+    nursery: trio.Nursery, pool: UpstreamPool
+) -> None:
+    """A server that sends more than its answer's length (a second answer, unasked): the
+    connection is out of step, so the next request goes on a new one."""
+
+    async def script(peer: Peer, index: int) -> None:
+        if index > 0:
+            await peer.serve_forever()
+            return
+        assert await peer.request() is not None
+        two = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+        two += b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL"
+        await peer.stream.send_all(two)
+        await peer.stream.receive_some()  # until the client closes it
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        assert await get(pool, server.url, "/") == b"ok"
+        assert await get(pool, server.url, "/next", b"{}") == b"/next"
+    assert server.connections == 2
+
+
+async def test_framing_and_connection_fields_stay_on_their_hop(nursery: trio.Nursery) -> None:
+    """RFC 9112 §6.3: Transfer-Encoding wins over Content-Length, which a proxy must not
+    pass on; RFC 9110 §7.6.1: the fields a Connection header names are that hop's only,
+    both ways."""
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            seen.append(list(request[0].headers))
+            await peer.stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ntransfer-encoding: chunked\r\n"
+                b"connection: x-hop\r\nx-hop: secret\r\nx-kept: yes\r\n\r\n"
+                b"5\r\nhello\r\n0\r\n\r\n"
+            )
+
+    server = await start_server(nursery, script)
+    config = Config(
+        models={"m": ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)}
+    )
+    spawner = FakeSpawner(nursery)
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
+    await nursery.start(router.run)
+    scope = http_scope("GET", "/upstream/m/x")
+    scope["headers"] += [(b"connection", b"x-client-hop"), (b"x-client-hop", b"private")]
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with UpstreamPool() as pool:
+        app = create_app(router, pool)
+        with trio.fail_after(10):
+            await app(scope, receive, send)  # type: ignore[arg-type]
+    names = {name for name, _ in sent[0]["headers"]}
+    assert (sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])) == (200, b"hello")
+    assert names.isdisjoint({b"content-length", b"x-hop", b"connection"})
+    assert b"x-kept" in names
+    [headers] = seen
+    assert b"x-client-hop" not in {name for name, _ in headers}
