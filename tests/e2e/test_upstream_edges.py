@@ -258,16 +258,11 @@ async def test_beyond_the_idle_count_the_oldest_connection_is_closed(
     assert server.connections == 2
 
 
-async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
-    """hypercorn has answered ``100 Continue`` to the client already; a server asked
-    again would wait for a body already on its way, or answer 100 a second time."""
-    seen: list[list[tuple[bytes, bytes]]] = []
-
-    async def script(peer: Peer, index: int) -> None:
-        while (request := await peer.request()) is not None:
-            seen.append(list(request[0].headers))
-            await peer.respond(request[1])
-
+async def through_the_app(
+    nursery: trio.Nursery, script: Script, scope: dict[str, Any], body: bytes
+) -> list[dict[str, Any]]:
+    """The ASGI messages llamaswap's app sends for one request (``scope``, ``body``) to
+    model ``m``, served by ``script``; the client stays connected throughout."""
     server = await start_server(nursery, script)
     config = Config(
         models={"m": ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)}
@@ -275,9 +270,7 @@ async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
     spawner = FakeSpawner(nursery)
     router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
     await nursery.start(router.run)
-    scope = http_scope("POST", "/upstream/m/echo")
-    scope["headers"] += [(b"expect", b"100-continue"), (b"content-length", b"5")]
-    messages = [{"type": "http.request", "body": b"hello", "more_body": False}]
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -293,6 +286,22 @@ async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
         app = create_app(router, pool)
         with trio.fail_after(10):
             await app(scope, receive, send)  # type: ignore[arg-type]
+    return sent
+
+
+async def test_expect_is_not_forwarded(nursery: trio.Nursery) -> None:
+    """hypercorn has answered ``100 Continue`` to the client already; a server asked
+    again would wait for a body already on its way, or answer 100 a second time."""
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            seen.append(list(request[0].headers))
+            await peer.respond(request[1])
+
+    scope = http_scope("POST", "/upstream/m/echo")
+    scope["headers"] += [(b"expect", b"100-continue"), (b"content-length", b"5")]
+    sent = await through_the_app(nursery, script, scope, b"hello")
     assert sent[0]["status"] == 200
     assert b"".join(m.get("body", b"") for m in sent[1:]) == b"hello"
     [headers] = seen
@@ -381,31 +390,9 @@ async def test_framing_and_connection_fields_stay_on_their_hop(nursery: trio.Nur
                 b"5\r\nhello\r\n0\r\n\r\n"
             )
 
-    server = await start_server(nursery, script)
-    config = Config(
-        models={"m": ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)}
-    )
-    spawner = FakeSpawner(nursery)
-    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
-    await nursery.start(router.run)
     scope = http_scope("GET", "/upstream/m/x")
     scope["headers"] += [(b"connection", b"x-client-hop"), (b"x-client-hop", b"private")]
-    messages = [{"type": "http.request", "body": b"", "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async with UpstreamPool() as pool:
-        app = create_app(router, pool)
-        with trio.fail_after(10):
-            await app(scope, receive, send)  # type: ignore[arg-type]
+    sent = await through_the_app(nursery, script, scope, b"")
     names = {name for name, _ in sent[0]["headers"]}
     assert (sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])) == (200, b"hello")
     assert names.isdisjoint({b"content-length", b"x-hop", b"connection"})
