@@ -162,7 +162,7 @@ class _Body:
         self._buffered: collections.deque[bytes] = collections.deque()
         self._expected = expected  # the request says it has a body
         self.disconnected = False
-        self.complete = False  # the whole body has arrived
+        self.complete = False  # the whole body has arrived (or is being dropped)
 
     @property
     def unread(self) -> bool:
@@ -208,6 +208,16 @@ class _Body:
         while (chunk := await self._next()) is not None:
             self._buffered.append(chunk)
 
+    def drop_rest(self) -> None:
+        """An answer goes out before the whole body has been read (an error, a model
+        server's early 413): the connection closes after it, and until then the rest of the
+        body is read and dropped by the watcher. **Nobody may leave the body unread**:
+        hypercorn hands it over through a queue of ten messages and, once that is full,
+        waits for room before anything else, even before the ``http.disconnect`` it queues
+        when the answer ends, so the answer's last send would never return."""
+        self.complete = True
+        self._nursery.start_soon(self._watch)
+
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
@@ -240,9 +250,9 @@ class _Reply:
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._exchange.status = status
         if self._request.unread:
-            # An answer before the whole body (an error, a model server's early 413): the
-            # rest of the body would be read as the next request. Close the connection.
+            # The rest of the body would be read as the next request: close the connection.
             headers = [*headers, (b"connection", b"close")]
+            self._request.drop_rest()
         self.event_stream = any(
             k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
         )

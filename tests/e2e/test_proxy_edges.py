@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 import h11
 import httpx
@@ -107,6 +108,56 @@ async def test_body_larger_than_max_body_bytes_is_413(proxy_factory: StartProxy)
             small = await client.post("/v1/chat/completions", json=chat("m"))
             assert small.status_code == 200
     assert "loading model 'm'" in proxy.output.text()
+
+
+#: An upload far larger than the kernel's and hypercorn's buffers hold unread.
+LARGE_UPLOAD = 16 * 1024 * 1024
+
+
+async def answers_uploads_early(peer: Peer, index: int) -> None:
+    """A model server that answers ``POST /upload`` with 413 after its head, then closes
+    with the body unread, and answers anything else with its target."""
+    while (head := await peer.head()) is not None:
+        if head.target == b"/upload":
+            answer = h11.Response(status_code=413, headers=[(b"content-length", b"9")])
+            await peer.send(answer, h11.Data(data=b"too large"), h11.EndOfMessage())
+            return
+        while not isinstance(await peer._next(), h11.EndOfMessage):
+            pass
+        await peer.respond(head.target)
+
+
+@pytest.mark.parametrize("early", ["llamaswap", "model server"])
+async def test_an_answer_before_a_large_upload_is_read_reaches_a_client_that_sends_first(
+    proxy_factory: StartProxy, nursery: trio.Nursery, early: str
+) -> None:
+    """An answer that goes out before the request's body is in (llamaswap's own 413, or a
+    model server's) reaches a client that writes its whole body before it reads, as most
+    SDKs do, and ends the request: its model is free for the next one at once."""
+    server = await start_server(nursery, answers_uploads_early)
+    proxy = await proxy_factory(
+        config(
+            f'[models.m]\ncmd = "${{fake}}"\nproxy = "{server.url}"\ncheckEndpoint = "none"\n'
+            '[models.other]\ncmd = "${fake}"',
+            maxBodyBytes=LARGE_UPLOAD // 2 if early == "llamaswap" else LARGE_UPLOAD,
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.get("/upstream/m/ready")).text == "/ready"  # m is loaded
+            # A blocking client (httpx's async one warns when a failed write leaves its
+            # body's generator unfinished); its own timeout ends it if the proxy hangs.
+            with httpx.Client(base_url=proxy.url, timeout=20) as blocking:
+                post = partial(blocking.post, "/upstream/m/upload", content=b"x" * LARGE_UPLOAD)
+                answer = await trio.to_thread.run_sync(post, abandon_on_cancel=True)
+            assert answer.status_code == 413
+            if early == "model server":
+                assert answer.text == "too large"
+            else:
+                assert answer.json()["error"]["code"] == "request_too_large"
+            other = await client.post("/v1/chat/completions", json=chat("other"))
+            assert other.status_code == 200
+            assert set(await running(client)) == {"other"}
 
 
 async def test_upstream_passthrough_with_slashes_in_ids(proxy_factory: StartProxy) -> None:
