@@ -91,8 +91,9 @@ _INFERENCE: dict[tuple[str, str], ModelIn] = {
     ("GET", "/props"): _Q,
 }
 
-#: The method each inference path answers to, for a JSON 405 on the others.
-_METHODS = {path: method for method, path in _INFERENCE}
+#: The methods each inference path answers to, for a JSON 405 on the others. A GET path
+#: answers HEAD too, forwarded as it came.
+_METHODS = {path: "GET, HEAD" if method == "GET" else method for method, path in _INFERENCE}
 
 UPSTREAM_PREFIX = "/upstream/"
 #: On every response relayed from a model server (or peer), naming it.
@@ -304,7 +305,8 @@ class Forwarder:
         """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
         if scope["path"].startswith(UPSTREAM_PREFIX):
             return Route(None)
-        model_in = _INFERENCE.get((scope["method"], scope["path"]))
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        model_in = _INFERENCE.get((method, scope["path"]))
         if model_in is not None:
             return Route(model_in)
         return Route(None, wrong_method=True) if scope["path"] in _METHODS else None

@@ -134,6 +134,23 @@ async def test_unknown_model_and_bad_bodies(proxy_factory: StartProxy) -> None:
     assert "loading model" not in proxy.output.text()
 
 
+async def test_head_on_a_get_route_is_forwarded_as_head(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(TWO_MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            got = await client.get("/props", params={"model": "alpha"})
+            head = await client.head("/props", params={"model": "alpha"})
+            wrong = await client.post("/props", params={"model": "alpha"})
+    assert got.status_code == 200
+    assert got.json()["model"] == "alpha"
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.headers["x-llamaswap-upstream"] == "alpha"
+    assert wrong.status_code == 405
+    assert wrong.headers["allow"] == "GET, HEAD"
+    assert "[alpha] " in proxy.output.text()  # the model server saw the HEAD
+
+
 async def test_failed_start_answers_502_with_the_output_tail(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(config('[models.broken]\ncmd = "${fake} --fail-start"'))
     async with proxy.client() as client:
