@@ -175,6 +175,29 @@ def _parse_limit(text: str | None) -> int:
     return limit
 
 
+#: ISO 8601's extended format, as far as a time filter needs it: a date; then a time to
+#: the minute, the second, or a fraction of any length (``.`` or ``,``); then ``Z`` or an
+#: offset. Python 3.10's ``fromisoformat`` reads only what ``isoformat`` writes, so the
+#: text is put in that form first: every Python reads the same times.
+_ISO_TIME = re.compile(
+    r"(\d{4}-\d\d-\d\d)(?:[Tt ](\d\d:\d\d)(?::(\d\d)(?:[.,](\d+))?)?)?([Zz]|[+-]\d\d:?\d\d)?"
+)
+
+
+def _extended_iso(text: str) -> str:
+    """``text`` as ``fromisoformat`` reads it on every Python; ValueError if it is not an
+    ISO 8601 time in the extended format."""
+    if (match := _ISO_TIME.fullmatch(text)) is None:
+        raise ValueError(text)
+    date, minute, second, fraction, zone = match.groups()
+    fraction = (fraction or "")[:6].ljust(6, "0")  # beyond microseconds: cut, as 3.11 does
+    if zone is None or zone in ("Z", "z"):  # none: UTC, like the records
+        zone = "+00:00"
+    elif ":" not in zone:
+        zone = f"{zone[:3]}:{zone[3:]}"
+    return f"{date}T{minute or '00:00'}:{second or '00'}.{fraction}{zone}"
+
+
 def _parse_time(name: str, text: str | None) -> str | None:
     """An ISO 8601 time as the records write it, rounded up to the millisecond.
 
@@ -183,13 +206,8 @@ def _parse_time(name: str, text: str | None) -> str | None:
     """
     if text is None:
         return None
-    raw = text.strip()
-    if raw[-1:] in ("Z", "z"):
-        raw = raw[:-1] + "+00:00"
     try:
-        moment = datetime.datetime.fromisoformat(raw)
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = datetime.datetime.fromisoformat(_extended_iso(text.strip()))
         moment = moment.astimezone(datetime.timezone.utc)
         if spare := moment.microsecond % 1000:
             moment += datetime.timedelta(microseconds=1000 - spare)

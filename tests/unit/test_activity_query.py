@@ -99,6 +99,9 @@ def test_defaults_and_parsed_values() -> None:
     )
     # Sub-millisecond times round up: records have whole milliseconds.
     assert query(since="2026-05-09T10:00:00.0001Z").since == "2026-05-09T10:00:00.001Z"
+    # Read alike on every Python (3.10's fromisoformat takes none of these).
+    assert query(since="2026-05-09T12:00:00,5+0200").since == "2026-05-09T10:00:00.500Z"
+    assert query(since="2026-05-09t10:00:00.0000001z").since == "2026-05-09T10:00:00.000Z"
     assert query(until="2026-05-09T10:00:00.123Z").until == "2026-05-09T10:00:00.123Z"
 
 
@@ -115,6 +118,7 @@ def test_defaults_and_parsed_values() -> None:
         ({"since": ["yesterday"]}, "since", "since must be an ISO 8601 time like"),
         ({"until": ["2026-13-01"]}, "until", "until must be an ISO 8601 time like"),
         ({"since": ["9999-12-31T23:59:59.9999Z"]}, "since", "since must be an ISO 8601 time"),
+        ({"since": ["20260509T100000Z"]}, "since", "since must be an ISO 8601 time"),  # basic
         ({"modle": ["a"]}, "modle", "unknown parameter 'modle'; did you mean 'model'?"),
         ({"model": ["a", "b"]}, "model", "model is given 2 times; give it once"),
     ],
