@@ -12,25 +12,33 @@ started in ``serve()``'s nursery) calls ``build()`` and publishes the result at 
 per ``interval`` (100 ms): the first change is sent at once, the ones that follow within
 the interval are coalesced into one event at its end.
 
-A reader turns its feed into the SSE wire format with ``next_sse``: ``event: <type>`` and
-``data: <json>`` per event, and a comment line (``: ping``) after ``heartbeat`` seconds
-(15) with nothing to send, so that proxies keep the connection open.
+**An event is encoded once, however many subscribers read it**: ``publish`` turns it into
+its SSE bytes (``event: <type>`` and ``data: <json>``), and every subscriber's feed holds
+those same bytes, so one more subscriber (a dashboard tab) costs a reference per event,
+not a ``json.dumps``. Only what is one subscriber's own is encoded for it alone: its first
+event (the snapshot) and a ``dropped`` notice. A subscriber that asked for log lines
+(``subscribe(logs=...)``) gets them through a tap of its own, but each line is encoded
+once for all the taps. ``next_sse`` reads a feed: the next bytes, or a comment line
+(``: ping``) after ``heartbeat`` seconds (15) with nothing to send, so that proxies keep
+the connection open.
 
 Event shapes are documented in ``docs/api.md`` (``GET /api/events``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, final
 
 import attrs
 import trio
 
 from .feed import Dropped, Feed, Feeds
+from .logs import Logs, SourcedLine
 
 __all__ = ["HEARTBEAT", "PING", "Event", "EventHub", "HubStatistics", "encode_sse", "next_sse"]
 
@@ -66,7 +74,7 @@ class EventHub:
     def __init__(
         self, *, buffer: int = READER_BUFFER, interval: float = COALESCE_INTERVAL
     ) -> None:
-        self._subscribers: Feeds[Event] = Feeds(buffer)
+        self._subscribers: Feeds[bytes] = Feeds(buffer)
         self._interval = interval
         self._pending: dict[str, Callable[[], Event | None]] = {}
         self._dirty = trio.Event()
@@ -78,9 +86,11 @@ class EventHub:
         return bool(len(self._subscribers))
 
     def publish(self, event: Event) -> None:
-        """Send ``event`` to every subscriber now (dropped for those whose buffer is full)."""
+        """Send ``event`` to every subscriber now (dropped for those whose buffer is full),
+        encoded once for all of them."""
         self._published += 1
-        self._subscribers.publish(event)
+        if self._subscribers:
+            self._subscribers.publish(encode_sse(event))
 
     def publish_soon(self, key: str, build: Callable[[], Event | None]) -> None:
         """``key``'s state changed: publish ``build()`` (unless ``None``) within ``interval``.
@@ -97,17 +107,22 @@ class EventHub:
         self.publish({"type": "reload", **result})
 
     @contextmanager
-    def subscribe(self, first: Callable[[], Event] | None = None) -> Iterator[Feed[Event]]:
-        """A feed of every event from now on, for the duration of the block.
+    def subscribe(
+        self, first: Callable[[], Event] | None = None, *, logs: Logs | None = None
+    ) -> Iterator[Feed[bytes]]:
+        """A feed of every event from now on, as SSE bytes, for the duration of the block.
 
         ``first()``, if given, is built and queued in the same step as the subscription,
         so that nothing happens between it and the first event after it (a snapshot).
+        With ``logs``, every new line of theirs is a ``log`` event among the others.
         After ``close`` the feed holds at most ``first()`` and then ends.
         """
         with self._subscribers.open() as feed:
             if first is not None:
-                feed.put(first())
-            yield feed
+                feed.put(encode_sse(first()))
+            tap = nullcontext() if logs is None else logs.tap(lambda line: feed.put(_log(line)))
+            with tap:
+                yield feed
 
     def close(self) -> None:
         """Shutdown: every subscriber's stream ends once it has read what it holds."""
@@ -147,7 +162,14 @@ def encode_sse(event: Event) -> bytes:
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
-async def next_sse(feed: Feed[Event], *, heartbeat: float = HEARTBEAT) -> bytes | None:
+@functools.lru_cache(maxsize=1)
+def _log(line: SourcedLine) -> bytes:
+    """``line`` as a ``log`` event. ``Logs`` hands a new line to every tap in a row, so
+    keeping the last line's encoding encodes it once for every subscriber."""
+    return encode_sse({"type": "log", "model": line.model, "text": line.line.text})
+
+
+async def next_sse(feed: Feed[bytes], *, heartbeat: float = HEARTBEAT) -> bytes | None:
     """The next bytes of an SSE stream: the next event, a ``dropped`` event where events
     were lost, or ``PING`` after ``heartbeat`` seconds with nothing; ``None`` at the end.
 
@@ -160,5 +182,5 @@ async def next_sse(feed: Feed[Event], *, heartbeat: float = HEARTBEAT) -> bytes 
             return None
         if isinstance(item, Dropped):
             return encode_sse({"type": "dropped", "count": item.count})
-        return encode_sse(item)
+        return item
     return PING

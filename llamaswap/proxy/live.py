@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterable
-from contextlib import nullcontext
 
 import trio
 from quart import Response, request
@@ -108,15 +107,9 @@ async def _event_stream(
     hub: EventHub, events: RouterEvents, logs: Logs | None
 ) -> AsyncIterator[bytes]:
     """The snapshot, then every event (and log lines, with ``logs``), as SSE."""
-    with hub.subscribe(first=events.snapshot) as feed:
-        tap = nullcontext() if logs is None else logs.tap(lambda line: feed.put(_log_event(line)))
-        with tap:
-            while (chunk := await next_sse(feed)) is not None:
-                yield chunk
-
-
-def _log_event(line: SourcedLine) -> dict[str, object]:
-    return {"type": "log", "model": line.model, "text": line.line.text}
+    with hub.subscribe(first=events.snapshot, logs=logs) as feed:
+        while (chunk := await next_sse(feed)) is not None:
+            yield chunk
 
 
 def _text(item: SourcedLine | Dropped, model: str | None) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from functools import partial
 from typing import Any, Literal
 
@@ -23,7 +25,15 @@ from llamaswap.router import Router
 from tests.fakes import FakeProbe, FakeSpawner, Script
 
 
-def take(feed: Feed[Event], *, skip: tuple[str, ...] = ()) -> list[Event]:
+def decode(chunk: bytes) -> Event:
+    """The event an SSE chunk carries (``event: <type>``, ``data: <json>``)."""
+    name, data = chunk.decode().removesuffix("\n\n").split("\n")
+    event: Event = json.loads(data.removeprefix("data: "))
+    assert name == f"event: {event['type']}", chunk
+    return event
+
+
+def take(feed: Feed[bytes], *, skip: tuple[str, ...] = ()) -> list[Event]:
     """Every event the feed holds now (a ``Dropped`` fails the test), minus ``skip`` types."""
     events: list[Event] = []
     while True:
@@ -32,8 +42,9 @@ def take(feed: Feed[Event], *, skip: tuple[str, ...] = ()) -> list[Event]:
         except trio.WouldBlock:
             return events
         assert not isinstance(item, Dropped), item
-        if item["type"] not in skip:
-            events.append(item)
+        event = decode(item)
+        if event["type"] not in skip:
+            events.append(event)
 
 
 def brief(event: Event) -> tuple[Any, ...]:
@@ -64,7 +75,7 @@ async def test_changes_are_coalesced_to_one_event_per_interval(
         start = trio.current_time()
         depth = 1
         hub.publish_soon("queue", build)  # the first change goes out at once
-        assert await feed.receive() == {"type": "queue", "depth": 1}
+        assert await feed.receive() == encode_sse({"type": "queue", "depth": 1})
         assert trio.current_time() == start
         depth = 2
         hub.publish_soon("queue", build)
@@ -72,13 +83,13 @@ async def test_changes_are_coalesced_to_one_event_per_interval(
         depth = 3
         hub.publish_soon("queue", build)
         # Both changes make one event, built (with the latest state) at the interval's end.
-        assert await feed.receive() == {"type": "queue", "depth": 3}
+        assert await feed.receive() == encode_sse({"type": "queue", "depth": 3})
         assert trio.current_time() == start + 0.25
         assert builds == [start, start + 0.25]
         await trio.sleep(1.0)
         depth = 4
         hub.publish_soon("queue", build)  # quiet for longer than the interval: at once
-        assert await feed.receive() == {"type": "queue", "depth": 4}
+        assert await feed.receive() == encode_sse({"type": "queue", "depth": 4})
         assert trio.current_time() == start + 1.25
 
 
@@ -143,6 +154,50 @@ async def test_a_slow_reader_is_told_what_it_lost_as_an_event() -> None:
         assert await next_sse(feed) == encode_sse({"type": "dropped", "count": 3})
         hub.publish({"type": "tick", "i": 5})
         assert await next_sse(feed) == encode_sse({"type": "tick", "i": 5})
+
+
+class Counted:
+    """A value JSON has no type for: ``encode_sse`` writes it with ``str()``, which
+    counts how many times the event carrying it was encoded."""
+
+    def __init__(self) -> None:
+        self.encoded = 0
+
+    def __str__(self) -> str:
+        self.encoded += 1
+        return "counted"
+
+
+async def test_an_event_is_encoded_once_however_many_subscribers_read_it() -> None:
+    hub = EventHub()
+    value = Counted()
+    with ExitStack() as stack:
+        feeds = [stack.enter_context(hub.subscribe()) for _ in range(300)]
+        hub.publish({"type": "tick", "value": value})
+        got = [await next_sse(feed) for feed in feeds]
+    assert value.encoded == 1
+    assert got == [b'event: tick\ndata: {"type":"tick","value":"counted"}\n\n'] * 300
+    assert all(chunk is got[0] for chunk in got)  # one object, shared
+
+
+async def test_a_log_line_is_encoded_once_for_every_subscriber_that_asked_for_logs() -> None:
+    hub = EventHub()
+    logs = Logs(LogRing(), dict)
+    with ExitStack() as stack:
+        with_logs = [stack.enter_context(hub.subscribe(logs=logs)) for _ in range(3)]
+        without = stack.enter_context(hub.subscribe())
+        logs.own.append(1.0, "hello")
+        logs.model_line("chat", LogLine(2.0, "hi"))
+        hub.publish({"type": "tick"})
+        got = [[await next_sse(feed) for _ in range(3)] for feed in with_logs]
+        assert [await next_sse(without)] == [encode_sse({"type": "tick"})]
+    expected = [
+        encode_sse({"type": "log", "model": None, "text": "hello"}),
+        encode_sse({"type": "log", "model": "chat", "text": "hi"}),
+        encode_sse({"type": "tick"}),
+    ]
+    assert got == [expected] * 3
+    assert all(a is b for chunks in got for a, b in zip(chunks, got[0], strict=True))
 
 
 # ------------------------------------------------------------ the router's events

@@ -112,8 +112,8 @@ def test_the_hub_builds_the_first_event_in_the_same_step_as_the_subscription() -
     with hub.subscribe(first=snapshot) as feed:
         assert hub.statistics().subscribers == 1
         hub.publish({"type": "model", "model": "a"})
-        assert feed.receive_nowait() == {"type": "snapshot", "n": 1}
-        assert feed.receive_nowait() == {"type": "model", "model": "a"}
+        assert feed.receive_nowait() == encode_sse({"type": "snapshot", "n": 1})
+        assert feed.receive_nowait() == encode_sse({"type": "model", "model": "a"})
     assert hub.statistics().subscribers == 0
     assert built == [0]
 
@@ -123,11 +123,11 @@ def test_a_slow_subscriber_loses_events_the_others_get() -> None:
     with hub.subscribe() as slow, hub.subscribe() as fast:
         for i in range(5):
             hub.publish({"type": "tick", "i": i})
-            assert fast.receive_nowait() == {"type": "tick", "i": i}
+            assert fast.receive_nowait() == encode_sse({"type": "tick", "i": i})
         assert hub.statistics().dropped == 3
         assert [slow.receive_nowait() for _ in range(3)] == [
-            {"type": "tick", "i": 0},
-            {"type": "tick", "i": 1},
+            encode_sse({"type": "tick", "i": 0}),
+            encode_sse({"type": "tick", "i": 1}),
             Dropped(3),
         ]
     assert hub.statistics().published == 5
@@ -137,12 +137,9 @@ def test_reload_events_carry_the_result() -> None:
     hub = EventHub()
     with hub.subscribe() as feed:
         hub.publish_reload({"ok": False, "changed": {}, "problems": ["models.a.cmd: missing"]})
-        assert feed.receive_nowait() == {
-            "type": "reload",
-            "ok": False,
-            "changed": {},
-            "problems": ["models.a.cmd: missing"],
-        }
+        assert feed.receive_nowait() == encode_sse(
+            {"type": "reload", "ok": False, "changed": {}, "problems": ["models.a.cmd: missing"]}
+        )
 
 
 def test_sse_encoding_is_one_event_per_blank_line_with_json_on_one_line() -> None:
