@@ -8,6 +8,9 @@ between the test and the server reuses, closes or re-frames a connection:
 * a response after which the connection must close (HTTP/1.0, ``Connection: close``, a
   body the route did not wait for) is followed by the close, and a keep-alive connection
   left idle after one is closed by the keep-alive timeout;
+* a client that closes a kept-alive connection between requests has it closed at once,
+  not held (in CLOSE-WAIT) until the keep-alive timeout (hypercorn's connection handler
+  waited for its idle timer; tested in-process, a proxied route's connection too);
 * a client that asks for ``100 Continue`` and then leaves is no error of llamaswap's;
 * ``HEAD`` of a streamed route ends after the headers, so the connection serves the next
   request.
@@ -18,12 +21,18 @@ is ``BOUND`` (as in ``test_client_timeouts.py``) and asserts only a lower bound 
 
 from __future__ import annotations
 
+from functools import partial
+
+import h11
 import pytest
 import trio
+import trio.testing
 
+from llamaswap._serve import serve
 from tests.e2e.conftest import BOUND, StartProxy
 from tests.e2e.harness import ProxyProcess
 from tests.e2e.test_client_timeouts import connect, read_to_end
+from tests.e2e.test_live import one_model
 from tests.e2e.test_proxy import config
 
 ONE_MODEL = config('[models.m]\ncmd = "${fake}"')
@@ -117,6 +126,46 @@ async def test_a_kept_alive_connection_idle_after_management_answers_is_closed(
         assert trio.current_time() - idle_from > BOUND / 2
     assert rest == b""
     assert "Traceback" not in proxy.output.text()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        pytest.param(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 200, id="management"),
+        pytest.param(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\n"
+            b'{"model": "nope"}',
+            404,
+            id="proxied",
+        ),
+    ],
+)
+async def test_a_kept_alive_connection_its_client_closes_is_closed_at_once(
+    nursery: trio.Nursery, request_bytes: bytes, status: int
+) -> None:
+    # In-process, to know when the server has finished its answer and waits for the next
+    # request (every task blocked): a client closing before that raced hypercorn's own
+    # bookkeeping, which then closed the connection at once anyway.
+    url = await nursery.start(partial(serve, one_model(), listen="127.0.0.1:0"))
+    host, _, port = url.removeprefix("http://").partition(":")
+    client = h11.Connection(h11.CLIENT)
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        with trio.fail_after(PROMPTLY):  # far less than the 75 s keep-alive timeout
+            await stream.send_all(request_bytes)
+            events = []
+            while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    client.receive_data(await stream.receive_some())
+                else:
+                    events.append(event)
+            await trio.testing.wait_all_tasks_blocked()  # the connection is idle
+            # The client closes its side: the connection is over, and the server closes
+            # its own side at once, rather than hold it until its keep-alive timeout (each
+            # such connection held a file descriptor for 75 s).
+            await stream.send_eof()
+            assert await read_to_end(stream) == b""
+    assert isinstance(events[0], h11.Response)
+    assert events[0].status_code == status, events
 
 
 #: Routes that answer without reading the body, so the answer races the client's leaving.
