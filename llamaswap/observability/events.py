@@ -170,17 +170,21 @@ def _log(line: SourcedLine) -> bytes:
 
 
 async def next_sse(feed: Feed[bytes], *, heartbeat: float = HEARTBEAT) -> bytes | None:
-    """The next bytes of an SSE stream: the next event, a ``dropped`` event where events
-    were lost, or ``PING`` after ``heartbeat`` seconds with nothing; ``None`` at the end.
+    """The next bytes of an SSE stream: the next events (those already waiting go out
+    together), with a ``dropped`` event where events were lost, or ``PING`` after
+    ``heartbeat`` seconds with nothing; ``None`` at the end.
 
     *Cancellation*: nothing is taken from the feed when cancelled.
     """
     with trio.move_on_after(heartbeat):
         try:
-            item = await feed.receive()
+            items = await feed.receive_burst(READER_BUFFER)
         except trio.EndOfChannel:
             return None
-        if isinstance(item, Dropped):
-            return encode_sse({"type": "dropped", "count": item.count})
-        return item
+        return b"".join(
+            encode_sse({"type": "dropped", "count": item.count})
+            if isinstance(item, Dropped)
+            else item
+            for item in items
+        )
     return PING

@@ -15,7 +15,7 @@ that fits, or, if nothing comes after them, as soon as the reader has caught up.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Generic, TypeVar, final
 
 import attrs
@@ -101,6 +101,19 @@ class Feed(Generic[T]):
             return self.receive_nowait()
         except trio.WouldBlock:
             return await self._receive.receive()
+
+    async def receive_burst(self, limit: int) -> list[T | Dropped]:
+        """The next item and those already waiting behind it, at most ``limit``: a reader
+        that sends on what it receives sends a burst in one piece. ``trio.EndOfChannel`` at
+        the end.
+
+        *Cancellation*: nothing is taken from the feed when cancelled.
+        """
+        items = [await self.receive()]
+        with suppress(trio.WouldBlock, trio.EndOfChannel):
+            while len(items) < limit:
+                items.append(self.receive_nowait())
+        return items
 
     def _offer(self, item: T | Dropped) -> bool:
         try:

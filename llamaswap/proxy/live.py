@@ -14,7 +14,6 @@ Authentication is the app's ``check_key``, like every other Quart route.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Iterable
 
 import trio
@@ -93,13 +92,9 @@ async def _log_stream(logs: Logs, model: str | None, *, history: bool) -> AsyncI
                 yield chunk
         while True:
             try:
-                items = [await feed.receive()]
+                items = await feed.receive_burst(_BURST_LINES)
             except trio.EndOfChannel:
                 return
-            # A burst goes out in one chunk: what else is already there, up to a bound.
-            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
-                while len(items) < _BURST_LINES:
-                    items.append(feed.receive_nowait())
             yield "".join(_text(item, model) for item in items).encode()
 
 
