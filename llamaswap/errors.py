@@ -150,10 +150,22 @@ class Unauthorized(RequestError):
         )
 
 
+#: Characters of a name a client sent that an error message quotes: a request body (up to
+#: ``maxBodyBytes``) may name anything, and the message is logged and kept in the activity log.
+QUOTED_NAME = 200
+
+
+def _quoted_name(name: str) -> str:
+    """``name`` as a message quotes it (``repr``), cut at QUOTED_NAME characters."""
+    if len(name) <= QUOTED_NAME:
+        return repr(name)
+    return f"{name[:QUOTED_NAME] + '…'!r} ({len(name)} characters)"
+
+
 class ModelNotFound(RequestError):
     def __init__(self, model: str) -> None:
         self.model = model
-        super().__init__(f"model {model!r} not found; GET /v1/models lists the models")
+        super().__init__(f"model {_quoted_name(model)} not found; GET /v1/models lists the models")
 
 
 class MethodNotAllowed(RequestError):

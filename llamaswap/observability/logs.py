@@ -50,6 +50,9 @@ __all__ = [
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: Lines of llamaswap's own log kept in memory.
 OWN_LOG_LINES = 1000
+#: Characters of one of llamaswap's own log records kept in memory (a model's output line
+#: is at most 16 KiB too): a message may quote what a client sent, up to a request body.
+OWN_LINE = 16 * 1024
 #: Lines a log follower may fall behind before lines are dropped.
 FOLLOWER_BUFFER = 1000
 
@@ -176,6 +179,8 @@ class RingHandler(logging.Handler):
             self._token.run_sync_soon(self._append, text)
 
     def _append(self, text: str) -> None:
+        if len(text) > OWN_LINE:
+            text = f"{text[:OWN_LINE]}… ({len(text)} characters)"
         self._ring.append(trio.current_time(), text)
 
 

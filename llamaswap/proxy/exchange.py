@@ -39,6 +39,12 @@ class Exchange:
     metadata: dict[str, Any] = attrs.field(factory=dict)
 
 
+#: The most characters of one text an activity record keeps (its method, path, error and
+#: notes). Some are the client's to choose, up to a whole request body (the model name it
+#: asked for, the block type it sent), and the log keeps 1000 records in memory and
+#: ``store.maxRows`` on disk: what a record holds must not be.
+RECORD_TEXT = 4096
+
 #: Recorded when the client went away before any response was sent (as nginx does).
 CLIENT_CLOSED = 499
 #: The error recorded for a request whose client went away before its answer ended.
@@ -66,12 +72,13 @@ class Recorder:
         metadata = dict(exchange.metadata)
         if ticket is not None:
             metadata.update(ticket.metadata)
+        metadata = {k: _kept(v) if isinstance(v, str) else v for k, v in metadata.items()}
         record = ActivityRecord(
             id=self.activity.next_id(),
             time=iso_time(exchange.wall_time),
             model=exchange.model,
-            method=exchange.method,
-            path=exchange.path,
+            method=_kept(exchange.method),
+            path=_kept(exchange.path),
             status=status,
             duration_ms=round(duration * 1000, 3),
             queue_wait_ms=None if queue_wait is None else round(queue_wait * 1000, 3),
@@ -81,7 +88,7 @@ class Recorder:
             score=None if ticket is None else ticket.score,
             prompt_tokens=None if usage is None else usage.prompt_tokens,
             completion_tokens=None if usage is None else usage.completion_tokens,
-            error=exchange.error,
+            error=None if exchange.error is None else _kept(exchange.error),
             metadata=metadata,
             prompt_tokens_per_second=None if usage is None else usage.prompt_tokens_per_second,
             generation_tokens_per_second=(
@@ -101,3 +108,10 @@ class Recorder:
             if count:
                 metrics.tokens.labels(exchange.model, kind).inc(count)
         return record
+
+
+def _kept(text: str) -> str:
+    """``text`` as a record keeps it: cut at RECORD_TEXT characters, saying so."""
+    if len(text) <= RECORD_TEXT:
+        return text
+    return f"{text[:RECORD_TEXT]}… ({len(text)} characters)"

@@ -110,6 +110,38 @@ async def test_body_larger_than_max_body_bytes_is_413(proxy_factory: StartProxy)
     assert "loading model 'm'" in proxy.output.text()
 
 
+async def test_what_a_client_sends_is_kept_cut_short_in_the_activity_log_and_logs(
+    proxy_factory: StartProxy,
+) -> None:
+    # A request may name any model (up to maxBodyBytes) and any /upstream path (up to the
+    # 64 KiB head). The last 1000 records and log lines stay in memory: each stays small,
+    # whatever the client sent (a megabyte name held three megabytes, for good).
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    name = "n" * 1_000_000
+    path = "/upstream/" + "p" * 60_000 + "/x"
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            named = await client.post("/v1/chat/completions", json=chat(name))
+            upstream = await client.get(path)
+            records = (await client.get("/api/activity")).json()["activity"]
+            logs = (await client.get("/logs")).text
+    assert named.status_code == upstream.status_code == 404
+    quoted = f"'{'n' * 200}…' (1000000 characters)"
+    assert named.json()["error"]["message"] == (
+        f"model {quoted} not found; GET /v1/models lists the models"
+    )
+    by_path, by_name = records  # newest first
+    assert by_name["metadata"]["requested_model"] == "n" * 4096 + "… (1000000 characters)"
+    assert by_name["error"] == named.json()["error"]["message"]
+    assert by_path["path"] == path[:4096] + f"… ({len(path)} characters)"
+    # The forwarder logs the 404 with the path: that line is cut at 16 KiB.
+    (logged,) = [line for line in logs.splitlines() if "GET /upstream/ppp" in line]
+    head, _, tail = logged.rpartition("… (")
+    assert len(head) == 16 * 1024
+    assert tail.removesuffix(" characters)").isdigit()
+    assert int(tail.removesuffix(" characters)")) > len(path)
+
+
 #: An upload far larger than the kernel's and hypercorn's buffers hold unread.
 LARGE_UPLOAD = 16 * 1024 * 1024
 

@@ -259,6 +259,19 @@ def test_a_start_failure_quotes_at_most_300_characters_of_each_output_line() -> 
     assert failure.log_tail[0] == "x" * 16384  # kept whole for whoever reads the log
 
 
+def test_a_name_not_found_is_quoted_to_at_most_200_characters() -> None:
+    # A request body (up to maxBodyBytes) may name anything; the message is logged and kept.
+    name = "n" * 1_000_000
+    error = ModelNotFound(name)
+    assert str(error) == (
+        f"model '{'n' * 200}…' (1000000 characters) not found; GET /v1/models lists the models"
+    )
+    assert error.model == name
+    assert str(ModelNotFound("n" * 200)) == (
+        f"model '{'n' * 200}' not found; GET /v1/models lists the models"
+    )
+
+
 @pytest.mark.parametrize(
     ("base", "where", "host_header", "prefix"),
     [
