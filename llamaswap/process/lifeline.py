@@ -12,7 +12,9 @@ guard SIGKILLs every process group still registered.
 **The guard can die too** (the OOM killer, an operator, a cleanup script), and then the
 lifeline heals itself:
 
-* llamaswap keeps the set of live groups itself: a spawn adds one, ``forget`` removes it.
+* llamaswap keeps the set of live groups itself: a spawn adds one, ``forget`` removes it
+  (from the guard too: when a group's leader is reaped, and when a child that registered
+  could not run its program).
 * A watch task, owned by ``open_lifeline``, waits for the guard to exit. If it exits while
   llamaswap runs, the task logs a warning and *replaces* it: a new pipe, the live groups
   written into it, a new guard started on it. The new guard thus kills the groups
@@ -53,6 +55,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import final
 
 import trio
@@ -99,12 +102,12 @@ class Lifeline:
             if self._fd < 0:
                 raise LifelineError("it is closed: llamaswap is stopping")
             try:
-                process = await start(self._register_self)
+                process = await self._start(start)
             except subprocess.SubprocessError:
                 # Only our preexec_fn fails this way: the guard no longer reads the pipe.
                 await self._replace(self._guard, "no longer reads its pipe")
                 try:
-                    process = await start(self._register_self)
+                    process = await self._start(start)
                 except subprocess.SubprocessError as exc:
                     raise LifelineError(
                         "a new process could not register with a new guard either"
@@ -112,14 +115,40 @@ class Lifeline:
             self._groups.add(process.pid)
             return process
 
+    async def _start(self, start: Start) -> trio.Process:
+        """``start`` with ``_register_self`` as its ``preexec_fn``; a child that registered
+        but could not run its program is forgotten at once.
+
+        The child registers before ``exec``: when ``exec`` fails (no such program, no
+        permission), ``subprocess`` reaps it and raises ``OSError`` without its PID, and the
+        guard would keep that number for good, one per failed start, and at llamaswap's
+        death SIGKILL whatever process group had come to hold it by then. So the child also
+        writes its PID into a pipe of this spawn's, read when ``start`` fails.
+        """
+        read_fd, write_fd = os.pipe()  # close-on-exec, as the guard's pipe: only until exec
+        try:
+            try:
+                return await start(partial(self._register_self, write_fd))
+            except OSError:
+                os.close(write_fd)  # the child's copy is closed too (it has exited): EOF
+                write_fd = -1
+                if pid := os.read(read_fd, 32):  # empty: no child registered (fork failed)
+                    self.forget(int(pid))
+                raise
+        finally:
+            os.close(read_fd)
+            if write_fd >= 0:
+                os.close(write_fd)
+
     def forget(self, pgid: int) -> None:
         """The group's leader has been reaped: the guard must not kill that number later."""
         self._groups.discard(pgid)
         with contextlib.suppress(OSError):  # the guard is gone; its successor gets the set
             os.write(self._fd, b"-%d\n" % pgid)
 
-    def _register_self(self) -> None:
-        """``preexec_fn`` for a model child: register its own process group.
+    def _register_self(self, report: int) -> None:
+        """``preexec_fn`` for a model child: register its own process group, then write its
+        PID into ``report`` (read if the child cannot run its program: see ``_start``).
 
         Runs in the forked child before ``exec``; the child leads a new session, so its
         process group ID is its PID. ``subprocess`` has reset SIGPIPE to its default, which
@@ -130,6 +159,7 @@ class Lifeline:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
         os.write(self._fd, b"+%d\n" % os.getpid())
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.write(report, b"%d" % os.getpid())
 
     async def _replace(self, dead: trio.Process, why: str) -> None:
         """Replace the guard ``dead`` with a new one, unless that is done already.

@@ -15,6 +15,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -115,6 +116,54 @@ async def test_the_watch_task_replaces_a_dead_guard_and_re_registers_the_groups(
     assert [r.getMessage().split(";")[0] for r in warnings] == [
         f"lifeline guard (pid {guard}) exited while llamaswap runs (status -9)"
     ]
+
+
+#: A guard that, at the end of its pipe, also writes the groups it kills into ``argv[1]``.
+RECORDING_GUARD = """\
+import os, signal, sys
+groups = set()
+pending = b""
+while chunk := os.read(0, 4096):
+    *lines, pending = (pending + chunk).split(b"\\n")
+    for line in lines:
+        if line.startswith(b"+"):
+            groups.add(int(line[1:]))
+        elif line.startswith(b"-"):
+            groups.discard(int(line[1:]))
+with open(sys.argv[1], "w") as record:
+    record.write(" ".join(map(str, sorted(groups))))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+async def test_a_child_that_cannot_run_its_program_is_not_left_registered(
+    marker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The child registers before exec; an exec that fails must not leave its number with
+    # the guard, which would SIGKILL whatever group holds that number when llamaswap dies.
+    guard, killed = tmp_path / "guard.py", tmp_path / "killed"
+    guard.write_text(RECORDING_GUARD)
+    monkeypatch.setattr(lifeline_module, "GUARD_ARGV", (sys.executable, str(guard), str(killed)))
+    not_executable = tmp_path / "server.sh"
+    not_executable.write_text("#!/bin/sh\n")  # not executable: exec fails with EACCES
+    env = {MARKER_VARIABLE: marker}
+    with trio.fail_after(20):
+        async with open_lifeline() as lifeline:
+            spawner = SubprocessSpawner(lifeline)
+            for program, error in [
+                ("/nonexistent/server", FileNotFoundError),
+                (str(not_executable), PermissionError),
+            ] * 2:
+                with pytest.raises(error):
+                    await spawner.spawn((program,), env)
+            sleeper = await spawner.spawn(SLEEPER, env)
+        # The pipe is closed: the guard kills the groups it knows, the sleeper's alone.
+        assert await sleeper.wait() == -signal.SIGKILL
+    assert killed.read_text() == str(sleeper.pid)
 
 
 async def never_ready(url: str) -> bool:
