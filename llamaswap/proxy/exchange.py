@@ -34,6 +34,7 @@ class Exchange:
     priority: int = 0
     lease: Lease | None = None  # set once the request goes to the scheduler
     status: int | None = None
+    finished: bool = False  # the response's last byte has been sent
     error: str | None = None
     tap: UsageTap | None = None
     metadata: dict[str, Any] = attrs.field(factory=dict)

@@ -242,7 +242,6 @@ class _Reply:
         self._exchange = exchange
         self._request = request
         self.event_stream = False  # the response is text/event-stream
-        self.finished = False  # the last byte has been sent
 
     @property
     def started(self) -> bool:
@@ -266,7 +265,7 @@ class _Reply:
         await self._send(start)
 
     async def body(self, chunk: bytes, *, more: bool = True) -> None:
-        self.finished = not more
+        self._exchange.finished = not more
         event: HTTPResponseBodyEvent = {
             "type": "http.response.body",
             "body": chunk,
@@ -316,10 +315,12 @@ class Forwarder:
     ) -> None:
         exchange = Exchange(scope["method"], scope["path"])
         async with trio.open_nursery() as nursery:
-
+            # It reads ``exchange``, not ``reply``: the body holds this function and the
+            # reply holds the body, a cycle that only the garbage collector would free,
+            # with everything the request touched.
             def client_left() -> None:
                 # hypercorn also says "disconnect" once a response is complete.
-                if not reply.finished:
+                if not exchange.finished:
                     nursery.cancel_scope.cancel(reason="client disconnected")
 
             limit = self._config.max_body_bytes
@@ -334,7 +335,7 @@ class Forwarder:
                 messages = scope["path"] == anthropic.MESSAGES_PATH
                 await self._report(reply, exc, messages=messages)
             finally:
-                if body.disconnected and not reply.finished and exchange.error is None:
+                if body.disconnected and not exchange.finished and exchange.error is None:
                     exchange.error = CLIENT_LEFT
                 self._recorder.finish(exchange)
             nursery.cancel_scope.cancel()  # the watcher, if hypercorn has not ended it yet

@@ -7,6 +7,7 @@ hypercorn does at a chosen moment.
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -85,6 +86,33 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     ]
     assert sent[1]["body"] == b"/ping"
     assert interrupted == []
+
+
+async def test_a_finished_request_leaves_no_garbage_cycle(nursery: trio.Nursery) -> None:
+    """What a request held (its body, its reply, its exchange, hypercorn's channel) is
+    freed by reference counting as soon as it is over: a cycle among them kept all of it
+    until the garbage collector found it."""
+    server = await start_server(nursery, serve_forever)
+    model = ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)
+    router, to_app, from_server = await start(nursery, model)
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            await to_app.send({"type": "http.disconnect"})
+
+    async with UpstreamPool() as pool:
+        app = create_app(router, pool)
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept, to be named
+        try:
+            with trio.fail_after(10):
+                await app(http_scope("GET", "/upstream/m/ping"), from_server.receive, send)  # type: ignore[arg-type]
+            gc.collect()
+            found = {type(thing).__name__ for thing in gc.garbage}
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert not found & {"_Body", "_Reply", "Exchange", "Lease"}
 
 
 async def test_a_fault_in_a_management_route_is_a_json_500_of_llamaswaps(
