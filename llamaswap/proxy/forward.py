@@ -338,7 +338,8 @@ class Forwarder:
                 if body.disconnected and not exchange.finished and exchange.error is None:
                     exchange.error = CLIENT_LEFT
                 self._recorder.finish(exchange)
-            nursery.cancel_scope.cancel()  # the watcher, if hypercorn has not ended it yet
+            if nursery.child_tasks:  # the watcher, if hypercorn has not ended it yet
+                nursery.cancel_scope.cancel()
 
     async def _report(self, reply: _Reply, error: RequestError, *, messages: bool) -> None:
         """Answer ``error`` however much of the response has already gone out.

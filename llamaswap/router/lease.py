@@ -139,7 +139,9 @@ class Lease:
             trio.lowlevel.reschedule(task)
 
     async def wait(self) -> None:
-        """Park until granted; raises the error it was failed with.
+        """Park until granted; raises the error it was failed with. A lease woken already
+        (granted or failed as it was admitted) returns at once, without a checkpoint (a
+        trip through Trio's scheduler; the request's own I/O comes next anyway).
 
         *Cancellation*: cancelled while parked, the lease becomes ABANDONED at once (and
         ``Cancelled`` is raised). Once woken it is no longer cancellable here.
@@ -156,8 +158,6 @@ class Lease:
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
         assert self._outcome is not None
         self._outcome.unwrap()
 
