@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any, final
+from typing import Any, TypeVar, cast, final
 
 import attrs
 import trio
+from prometheus_client.metrics import MetricWrapperBase
 
 from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, UsageTap
 from llamaswap.observability.activity import iso_time
@@ -20,6 +21,8 @@ from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
 
 __all__ = ["CLIENT_LEFT", "Exchange", "Recorder"]
+
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 
 @attrs.define(eq=False)
@@ -62,6 +65,9 @@ class Recorder:
         self.activity = activity
         self.metrics = metrics
         self._scheduler = scheduler
+        #: Each labelled series once found: prometheus-client's ``labels()`` takes a lock
+        #: and converts its labels on every call (docs/performance.md, fourth pass).
+        self._series: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
 
     def finish(self, exchange: Exchange) -> ActivityRecord:
         ticket = None if exchange.lease is None else exchange.lease.info()
@@ -97,18 +103,26 @@ class Recorder:
             ),
         )
         self.activity.add(record)
-        metrics = self.metrics
-        metrics.requests.labels(exchange.model, str(status)).inc()
-        metrics.request_duration.labels(exchange.model).observe(duration)
+        metrics, series = self.metrics, self._series_of
+        series(metrics.requests, exchange.model, str(status)).inc()
+        series(metrics.request_duration, exchange.model).observe(duration)
         if queue_wait is not None:
-            metrics.queue_wait.labels(record.band).observe(queue_wait)
+            series(metrics.queue_wait, record.band).observe(queue_wait)
         for kind, count in (
             ("prompt", record.prompt_tokens),
             ("completion", record.completion_tokens),
         ):
             if count:
-                metrics.tokens.labels(exchange.model, kind).inc(count)
+                series(metrics.tokens, exchange.model, kind).inc(count)
         return record
+
+    def _series_of(self, metric: _Metric, *labels: str) -> _Metric:
+        """``metric.labels(*labels)``."""
+        key = (metric, labels)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = metric.labels(*labels)
+        return cast(_Metric, found)
 
 
 def _kept(text: str) -> str:
