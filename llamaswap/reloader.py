@@ -81,6 +81,12 @@ class Reloader:
         self._router = router
         self._on_result = on_result
         self._lock = trio.Lock()
+        #: The file is read on a thread of its own, one read at a time. A read that hangs (a
+        #: hung network mount) keeps it, and later reloads time out waiting for it: a
+        #: thread left behind by each reload held one of Trio's 40 default worker tokens for
+        #: good, and once they were gone nothing else got a thread (the activity store,
+        #: looking up a model's host name to connect to it).
+        self._reader = trio.CapacityLimiter(1)
         self._closed = False
         self.last_success: float | None = None  # wall-clock time (for metrics and the UI)
 
@@ -92,7 +98,8 @@ class Reloader:
         """Validate the file, then apply it; an invalid file changes nothing.
 
         Reading the file may take at most ``READ_TIMEOUT`` seconds (a hung network mount
-        must not hold reloads, and shutdown, forever).
+        must not hold reloads, and shutdown, forever); a read still hung from an earlier
+        reload counts against it.
 
         *Cancellation*: validation is abandoned at once (its thread is left to finish on
         its own); once applying has begun it finishes (shielded), so a configuration is
@@ -117,7 +124,8 @@ class Reloader:
         load = partial(load_config, self.path, keep=self._own_ports())
         try:
             with trio.fail_after(READ_TIMEOUT):
-                return await trio.to_thread.run_sync(load, abandon_on_cancel=True), ()
+                read = trio.to_thread.run_sync(load, abandon_on_cancel=True, limiter=self._reader)
+                return await read, ()
         except ConfigError as exc:
             return None, tuple(problem.render(exc.file) for problem in exc.problems)
         except trio.TooSlowError:

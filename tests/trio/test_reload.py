@@ -301,6 +301,44 @@ async def test_a_file_that_cannot_be_read_fails_the_reload_after_the_read_timeou
     assert set(router.config.models) == {"b"}
 
 
+async def test_reloads_while_a_read_hangs_take_none_of_trios_default_thread_tokens(
+    mock_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    tmp_path: Path,
+) -> None:
+    """Each reload of a file on a hung mount left a thread behind, holding one of Trio's 40
+    default worker tokens for good; then nothing else got a thread (the activity store,
+    host name lookups). Now reads have a token of their own: the first read's thread keeps
+    it, and the next reloads time out waiting for it rather than start a thread each."""
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)
+    reloader = Reloader(str(fifo), router)
+    default = trio.to_thread.current_default_thread_limiter()
+    results = []
+
+    async def reload() -> None:
+        results.append(await reloader.reload("api"))
+
+    def release() -> None:  # the blocked read ends, on empty text
+        fifo.open("w").close()
+
+    guard = threading.Timer(10.0, release)  # should a reload never give up: no hang
+    guard.start()
+    for _ in range(3):
+        async with trio.open_nursery() as reloading:
+            reloading.start_soon(reload)
+            await trio.testing.wait_all_tasks_blocked()
+            assert default.borrowed_tokens == 0
+            mock_clock.jump(READ_TIMEOUT)
+    guard.cancel()
+    hung = (f"{fifo}: not read within 10 s; is it on a hung mount?",)
+    assert [result.problems for result in results] == [hung] * 3
+    await trio.to_thread.run_sync(release)
+
+
 async def test_a_reload_after_shutdown_began_changes_nothing(
     mock_clock: trio.testing.MockClock,
     nursery: trio.Nursery,
