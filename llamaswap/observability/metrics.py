@@ -7,16 +7,22 @@ in-flight requests) is read from ``statistics()`` snapshots at scrape time by a 
 so the exposition can never drift from the scheduler. All five band labels are always
 present. The scheduler's counters (dispatches, changed picks) also add the final counts of
 the schedulers a reload switched out (``Source.retired_counts``), so they never go back.
+
+A model the router forgets (a reload removed it, and it has stopped) leaves every series:
+``forget`` removes its labelled children, and the collector reads only the supervisors
+the router still has. **/metrics holds series for the configured models, the removed ones
+not yet stopped, and peers; never for every model ever configured.**
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Protocol, final
+from typing import Protocol, TypeVar, cast, final
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from llamaswap.process import ModelState, ModelSupervisor
@@ -26,6 +32,8 @@ from llamaswap.schedulers.priority import BANDS
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -92,7 +100,37 @@ class Metrics:
         for band in BANDS:
             self.queue_wait.labels(band)
         registry.register(_Snapshots(source))
+        #: The event series labelled by model, the model first.
+        self._by_model: tuple[MetricWrapperBase, ...] = (
+            self.requests, self.request_duration, self.tokens, self.loads, self.load_duration,
+        )  # fmt: skip
         self._starting: dict[str, tuple[float, int]] = {}
+        #: Each labelled series once found: prometheus-client's ``labels()`` takes a lock
+        #: and converts its labels on every call (docs/performance.md, fourth pass).
+        self._series: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+
+    def series(self, metric: _Metric, *labels: str) -> _Metric:
+        """``metric.labels(*labels)``, found once."""
+        key = (metric, labels)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = metric.labels(*labels)
+        return cast(_Metric, found)
+
+    def knows(self, model: str) -> bool:
+        """Whether the router has ``model`` (configured, or removed but not yet stopped)."""
+        return model in self._supervisors
+
+    def forget(self, model: str) -> None:
+        """Drop every series of ``model``, which the router has forgotten (a listener)."""
+        for metric in self._by_model:
+            metric.remove_by_labels({"model": model})
+        self._series = {
+            key: child
+            for key, child in self._series.items()
+            if not (key[0] in self._by_model and key[1][0] == model)
+        }
+        self._starting.pop(model, None)
 
     def on_model_state(self, model: str, state: ModelState) -> None:
         """Count loads from the supervisor's transitions (a state listener)."""
@@ -105,11 +143,11 @@ class Metrics:
         if started is None:
             return
         if state is ModelState.READY:
-            self.loads.labels(model, "ready").inc()
-            self.load_duration.labels(model).observe(now - started[0])
+            self.series(self.loads, model, "ready").inc()
+            self.series(self.load_duration, model).observe(now - started[0])
         else:
             result = "failed" if failures > started[1] else "cancelled"
-            self.loads.labels(model, result).inc()
+            self.series(self.loads, model, result).inc()
 
     def on_reload(self, ok: bool) -> None:
         """Count a reload; a successful one also sets the last-success time."""

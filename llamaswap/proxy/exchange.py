@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any, TypeVar, cast, final
+from typing import Any, final
 
 import attrs
 import trio
-from prometheus_client.metrics import MetricWrapperBase
 
 from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, UsageTap
 from llamaswap.observability.activity import iso_time
@@ -21,8 +20,6 @@ from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
 
 __all__ = ["CLIENT_LEFT", "Exchange", "Recorder"]
-
-_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 
 @attrs.define(eq=False)
@@ -65,9 +62,6 @@ class Recorder:
         self.activity = activity
         self.metrics = metrics
         self._scheduler = scheduler
-        #: Each labelled series once found: prometheus-client's ``labels()`` takes a lock
-        #: and converts its labels on every call (docs/performance.md, fourth pass).
-        self._series: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
 
     def finish(self, exchange: Exchange) -> ActivityRecord:
         ticket = None if exchange.lease is None else exchange.lease.info()
@@ -103,11 +97,16 @@ class Recorder:
             ),
         )
         self.activity.add(record)
-        metrics, series = self.metrics, self._series_of
-        series(metrics.requests, exchange.model, str(status)).inc()
-        series(metrics.request_duration, exchange.model).observe(duration)
+        metrics = self.metrics
+        series = metrics.series
         if queue_wait is not None:
             series(metrics.queue_wait, record.band).observe(queue_wait)
+        if exchange.lease is not None and not metrics.knows(exchange.model):
+            # A straggler of a model the router forgot as the request ended (a reload
+            # removed it): its series are gone, and must not come back for good.
+            return record
+        series(metrics.requests, exchange.model, str(status)).inc()
+        series(metrics.request_duration, exchange.model).observe(duration)
         for kind, count in (
             ("prompt", record.prompt_tokens),
             ("completion", record.completion_tokens),
@@ -115,14 +114,6 @@ class Recorder:
             if count:
                 series(metrics.tokens, exchange.model, kind).inc(count)
         return record
-
-    def _series_of(self, metric: _Metric, *labels: str) -> _Metric:
-        """``metric.labels(*labels)``."""
-        key = (metric, labels)
-        found = self._series.get(key)
-        if found is None:
-            found = self._series[key] = metric.labels(*labels)
-        return cast(_Metric, found)
 
 
 def _kept(text: str) -> str:

@@ -1,11 +1,11 @@
 """The router: owns the model supervisors, the swap tasks and the leases, and applies the
 scheduler's decisions.
 
-``Router.run`` owns two nurseries: the supervisors' (one task each) and, inside it, the
-swap nursery, where each load the scheduler starts runs as one task with its own cancel
-scope. Requests never touch processes: ``acquire()`` admits a lease, hands its ticket to
-the scheduler, parks until the router applies a ``Grant`` or ``Fail`` for it, and
-releases it in ``finally``.
+``Router.run`` owns two nurseries: the supervisors' (one task each, in a cancel scope of
+its own) and, inside it, the swap nursery, where each load the scheduler starts runs as
+one task with its own cancel scope. Requests never touch processes: ``acquire()`` admits
+a lease, hands its ticket to the scheduler, parks until the router applies a ``Grant`` or
+``Fail`` for it, and releases it in ``finally``.
 
 Every scheduler event goes through ``_decide``: it first tells the scheduler about every
 request abandoned since the last event (see ``lease.py``), then runs the event, then
@@ -14,10 +14,16 @@ its event concerned (500, logged with its traceback), never the server.** **Ever
 is released exactly once**, in the ``finally`` of ``acquire()``, and only then is the
 scheduler told (``on_finish``). Cancelling a swap's scope reaches the supervisor's
 ``ensure_ready``, which aborts a start nobody else waits for.
+
+**A model a reload removed is forgotten once nothing needs it**: stopped, no request in
+flight, no load naming it. Its supervisor's task ends (its scope is cancelled), it leaves
+``supervisors``, and the forget listeners (metrics) drop what they keep for it. Until
+then it stays, so a straggler's bookkeeping always finds it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Set
@@ -54,6 +60,8 @@ logger = logging.getLogger("llamaswap.router")
 
 #: Seconds a request cancelled at the end of the shutdown grace has to tell its client.
 CANCEL_GRACE = 2.0
+#: Why a reload's removed model stops, and its requests fail.
+REMOVED = "removed from the configuration"
 
 DecisionListener = Callable[[Decision], None]
 #: Told when a request is admitted ("queued") and released ("done" after a grant,
@@ -61,6 +69,8 @@ DecisionListener = Callable[[Decision], None]
 RequestListener = Callable[[str, RequestInfo], None]
 #: Told of each line a model's server prints, with the model's ID.
 OutputListener = Callable[[str, LogLine], None]
+#: Told of each model the router forgets (removed by a reload, and no longer needed).
+ForgetListener = Callable[[str], None]
 
 
 @final
@@ -91,12 +101,17 @@ class Router:
         self._decision_listeners: list[DecisionListener] = []
         self._request_listeners: list[RequestListener] = []
         self._output_listeners: list[OutputListener] = []
+        self._forget_listeners: list[ForgetListener] = []
         self._leases = Leases()
-        #: Every model ever configured (a removed one stays, stopped, for its stragglers).
+        #: Every configured model, and a removed one until it is forgotten (``_forget``).
         self.supervisors = {
             model_id: self._supervisor(model_id, model)
             for model_id, model in config.models.items()
         }
+        #: Each supervisor's task's cancel scope, by model: cancelled when it is forgotten.
+        self._supervisor_scopes: dict[str, trio.CancelScope] = {}
+        #: ``run``'s context, which every supervisor's task is started in (``_start``).
+        self._context = contextvars.copy_context()
         self.scheduler: Scheduler = make_scheduler(config, self, make_swapper(config))
         #: After a reload switched schedulers: the old one keeps what it had dispatched.
         self._retired: dict[Ticket, Scheduler] = {}
@@ -139,13 +154,19 @@ class Router:
         models a reload adds too; it must not block or raise."""
         self._output_listeners.append(listener)
 
+    def add_forget_listener(self, listener: ForgetListener) -> None:
+        """``listener`` is told of each model the router forgets (gone from
+        ``supervisors``), to drop what it keeps for it; it must not raise."""
+        self._forget_listeners.append(listener)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
+        self._context = contextvars.copy_context()
         try:
             async with trio.open_nursery() as nursery:
-                for supervisor in self.supervisors.values():
-                    await nursery.start(supervisor.run)
                 self._supervisor_nursery = nursery
+                for model_id, supervisor in self.supervisors.items():
+                    await self._start(model_id, supervisor)
                 # Cleared only once the swaps are over: while they unwind, the scheduler
                 # may still start one (it is cancelled at once, and reports back).
                 try:
@@ -157,6 +178,30 @@ class Router:
                     self._swap_nursery = None
         finally:
             self._supervisor_nursery = None
+
+    async def _start(self, model_id: str, supervisor: ModelSupervisor) -> None:
+        """Run ``supervisor`` in the supervisors' nursery, in a cancel scope of its own
+        (``_forget`` cancels it); return once it runs.
+
+        Its task is started in ``run``'s context, not the caller's: a task keeps a copy of
+        the context it was started from, and a reload's is its HTTP request's (Quart's
+        request context, and through it the whole request).
+        """
+        if self._supervisor_nursery is None:
+            raise RuntimeError("router is not running")
+        scope = trio.CancelScope()
+        self._supervisor_scopes[model_id] = scope
+        started = _Started()
+        start = partial(self._supervisor_nursery.start_soon, name=f"supervisor of {model_id}")
+        self._context.run(start, self._supervise, supervisor, scope, started)
+        await started.event.wait()
+
+    @staticmethod
+    async def _supervise(
+        supervisor: ModelSupervisor, scope: trio.CancelScope, started: _Started
+    ) -> None:
+        with scope:
+            await supervisor.run(task_status=started)
 
     # --------------------------------------------------------------- requests
 
@@ -240,6 +285,11 @@ class Router:
 
     def _admit(self, lease: Lease) -> None:
         self._catch_up()
+        model = lease.ticket.model
+        if model not in self.config.models:
+            # Named before a reload removed it: it must not start again (nor, once
+            # forgotten, come back without a supervisor).
+            raise ModelUnloaded(model, REMOVED)
         self._leases.add(lease)
         try:
             decisions = self.scheduler.on_request(lease.ticket)
@@ -256,15 +306,17 @@ class Router:
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""
         if lease.state is LeaseState.GRANTED:
+            model = lease.ticket.model
             self._leases.release(lease)
             self._tell("done", lease)
-            self.supervisors[lease.ticket.model].requests_changed()
+            self.supervisors[model].requests_changed()  # in flight until now: still known
             owner = self._take_owner(lease.ticket)
             self._decide("a finished request", owner, owner.on_finish, lease.ticket)
             if owner is not self.scheduler:  # a model drained: the new one may go on
                 self._decide(
                     "a finished request", self.scheduler, self.scheduler.on_finish, lease.ticket
                 )
+            self._forget_if_unneeded(model)  # a removed model's last straggler
         elif lease.state is LeaseState.FAILED:
             self._leases.release(lease)
             self._tell("failed", lease)
@@ -302,13 +354,15 @@ class Router:
         targets = list(self.supervisors if models is None else models)
         for scheduler in self._schedulers():
             self._decide("unload", scheduler, scheduler.on_unload, targets)
+        # A model forgotten since it was named is stopped already.
+        supervisors = [self.supervisors[m] for m in targets if m in self.supervisors]
         # Now, not when the stop tasks first run: a request arriving in between would be
         # granted a model about to be killed under it.
-        for model in targets:
-            self.supervisors[model].request_stop("unload requested")
+        for supervisor in supervisors:
+            supervisor.request_stop("unload requested")
         async with trio.open_nursery() as nursery:
-            for model in targets:
-                nursery.start_soon(self.supervisors[model].stop, "unload requested")
+            for supervisor in supervisors:
+                nursery.start_soon(supervisor.stop, "unload requested")
 
     async def reconfigure(self, config: Config) -> ConfigChanges:
         """Apply a new, validated configuration, model by model (SPEC §3.7).
@@ -316,19 +370,19 @@ class Router:
         Unchanged models keep their process and their queue; a changed one finishes its
         requests in flight, then stops, and starts with its new definition on the next
         request (its queued requests stay queued); a removed one fails its queued
-        requests with 503 and stops once its requests in flight are done; a new one is
-        servable at once. Names, keys, filters, TTLs, groups and scheduler settings apply
-        at once; a change of scheduler re-queues the waiting requests in arrival order.
+        requests with 503 and stops once its requests in flight are done, and is then
+        forgotten (``_forget_if_unneeded``); a new one is servable at once. Names, keys,
+        filters, TTLs, groups and scheduler settings apply at once; a change of scheduler
+        re-queues the waiting requests in arrival order.
         """
         changes = diff_config(self.config, config)
         # The new models' supervisors run before any name reaches them; from the swap of
         # config and names on, nothing awaits: no request sees a half-applied reload.
+        # A removed model re-added before it was forgotten keeps its supervisor.
         for model_id in changes.added:
             if model_id not in self.supervisors:
                 supervisor = self._supervisor(model_id, config.models[model_id])
-                if self._supervisor_nursery is None:
-                    raise RuntimeError("router is not running")
-                await self._supervisor_nursery.start(supervisor.run)
+                await self._start(model_id, supervisor)
                 self.supervisors[model_id] = supervisor
         self.config = config
         self.names = Names(config)
@@ -337,11 +391,11 @@ class Router:
             supervisor.update(model, health_check_timeout=config.health_check_timeout)
             if model_id in changes.restarted or model_id in changes.added:
                 supervisor.retire("its configuration changed", restart=True)  # if running
-        removed = "removed from the configuration"
         for scheduler in self._schedulers() if changes.removed else ():
-            self._decide("reload", scheduler, scheduler.on_unload, changes.removed, removed)
+            self._decide("reload", scheduler, scheduler.on_unload, changes.removed, REMOVED)
         for model_id in changes.removed:
-            self.supervisors[model_id].retire(removed, restart=False)
+            self.supervisors[model_id].retire(REMOVED, restart=False)
+            self._forget_if_unneeded(model_id)  # stopped already, nothing in flight
         swapper = make_swapper(config)
         if config.routing.scheduler.use == self.scheduler.name:
             self._decide("reload", self.scheduler, self.scheduler.on_reconfigure, config, swapper)
@@ -527,6 +581,8 @@ class Router:
             self._decide(what, scheduler, scheduler.on_swap_done, swap, error, concerned=waiters)
             if scheduler is not self.scheduler:  # a retired scheduler's load: it blocked
                 self._decide(what, self.scheduler, self.scheduler.on_swap_done, swap, error)
+            for model in (swap.target, *swap.evict):
+                self._forget_if_unneeded(model)
 
     def _on_output(self, model: str, line: LogLine) -> None:
         for listener in self._output_listeners:
@@ -538,3 +594,41 @@ class Router:
             self._decide(what, scheduler, scheduler.on_model_state, model, state)
         for listener in self._listeners:
             listener(model, state)
+        if state is ModelState.STOPPED:
+            self._forget_if_unneeded(model)
+
+    def _forget_if_unneeded(self, model: str) -> None:
+        """Forget ``model`` if a reload removed it and nothing needs it any more: it is
+        stopped, no request is in flight for it, and no load names it (as its target or
+        to evict). Its supervisor's task ends, and the forget listeners are told.
+
+        Called wherever one of those can become true: its stop, its last request's end,
+        the end of a load, the reload that removed it. Nothing can make it needed again:
+        a request for a model the configuration lacks is refused at admission.
+        """
+        supervisor = self.supervisors.get(model)
+        if (
+            supervisor is None
+            or model in self.config.models
+            or supervisor.state is not ModelState.STOPPED
+            or self._leases.in_flight(model)
+            or any(model == s.target or model in s.evict for s in self._swap_scopes)
+        ):
+            return
+        del self.supervisors[model]
+        self._supervisor_scopes.pop(model).cancel(reason=f"model {model!r}: {REMOVED}")
+        logger.debug("model %r forgotten: removed, stopped, no request left", model)
+        for listener in self._forget_listeners:
+            listener(model)
+
+
+@final
+class _Started:
+    """The ``task_status`` of a task started with ``start_soon``: ``event`` is set when it
+    calls ``started()``."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+    def started(self, value: None = None) -> None:
+        self.event.set()

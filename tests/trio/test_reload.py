@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from contextlib import AbstractAsyncContextManager
@@ -24,7 +25,9 @@ from llamaswap.config.model import (
     SerialSettings,
 )
 from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.observability import ActivityLog, Metrics
 from llamaswap.process import ModelState
+from llamaswap.proxy.exchange import Exchange, Recorder
 from llamaswap.reloader import READ_TIMEOUT, Reloader
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
@@ -354,3 +357,191 @@ async def test_a_reload_after_shutdown_began_changes_nothing(
     result = await reloader.reload("SIGHUP")
     assert result.problems == ("llamaswap is shutting down; the running config stays",)
     assert set(router.config.models) == {"a"}
+
+
+# ------------------------------------------------- a removed model is forgotten
+
+
+def all_tasks() -> list[trio.lowlevel.Task]:
+    tasks, todo = [], [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        assert task is not None
+        tasks.append(task)
+        todo += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+    return tasks
+
+
+def series(metrics: Metrics) -> list[str]:
+    text = metrics.exposition().decode()
+    return [line for line in text.splitlines() if not line.startswith("#")]
+
+
+async def serve_one(router: Router, recorder: Recorder, name: str) -> None:
+    """A request for ``name`` served and recorded, as the forwarder does."""
+    exchange = Exchange("POST", "/v1/chat/completions", model=name)
+    exchange.lease = router.lease(name)
+    async with router.acquire(exchange.lease):
+        exchange.status = 200
+    recorder.finish(exchange)
+
+
+async def test_a_model_each_reload_replaces_leaves_no_supervisor_task_or_series_behind(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(keep=model(1), m0=model(2)))
+    metrics = Metrics(router)
+    router.add_listener(metrics.on_model_state)
+    router.add_forget_listener(metrics.forget)
+    records = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+
+    async def reload(n: int) -> None:
+        """Replace m{n-1} with m{n}, and serve one request on each model."""
+        await router.reconfigure(config(keep=model(1), **{f"m{n}": model(2)}))  # type: ignore[arg-type]
+        for name in ("keep", f"m{n}"):
+            await serve_one(router, records, name)
+        await trio.testing.wait_all_tasks_blocked()
+
+    await reload(1)  # warm-up: every kind of series exists once
+    before = (len(all_tasks()), len(series(metrics)))
+    for n in range(2, 22):
+        await reload(n)
+    assert list(router.supervisors) == ["keep", "m21"]
+    assert (len(all_tasks()), len(series(metrics))) == before
+    assert not any('model="m20"' in line for line in series(metrics))
+    assert sum('model="m21"' in line for line in series(metrics)) > 0
+    assert len(spawner.processes) == 22  # keep, and each m once
+
+
+async def test_a_straggler_of_a_removed_model_finishes_then_the_model_is_forgotten(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    metrics = Metrics(router)
+    router.add_listener(metrics.on_model_state)
+    router.add_forget_listener(metrics.forget)
+    records = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+    await serve_one(router, records, "a")
+    supervisor = router.supervisors["a"]
+    exchange = Exchange("POST", "/v1/chat/completions", model="a")
+    exchange.lease = router.lease("a")
+    async with router.acquire(exchange.lease):
+        await router.reconfigure(config(b=model(2)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert router.supervisors["a"] is supervisor  # kept for the straggler
+        assert supervisor.state is S.STOPPING
+        exchange.status = 200
+    records.finish(exchange)
+    assert 'llamaswap_requests_total{model="a",status="200"} 2.0' in series(metrics)
+    await recorder.wait_for(S.STOPPED, "a")
+    assert list(router.supervisors) == ["b"]
+    assert not any('model="a"' in line for line in series(metrics))
+    await trio.testing.wait_all_tasks_blocked()
+    assert not any("supervisor of a" in task.name for task in all_tasks())
+    assert records.activity.recent(2)[0].status == 200
+
+
+async def test_a_straggler_whose_removed_model_crashed_is_recorded_without_series(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    metrics = Metrics(router)
+    router.add_listener(metrics.on_model_state)
+    router.add_forget_listener(metrics.forget)
+    records = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+    exchange = Exchange("POST", "/v1/chat/completions", model="a")
+    exchange.lease = router.lease("a")
+    async with router.acquire(exchange.lease):
+        await router.reconfigure(config(b=model(2)))
+        spawner.last.exit(1)  # crashed under its last request
+        await recorder.wait_for(S.STOPPED, "a")
+        assert "a" in router.supervisors  # its request is still in flight
+        exchange.status = 502
+    assert list(router.supervisors) == ["b"]  # forgotten as the request ended
+    records.finish(exchange)  # after: the series must not come back
+    assert not any('model="a"' in line for line in series(metrics))
+    assert records.activity.recent(1)[0].status == 502
+
+
+async def test_a_model_removed_and_re_added_before_it_stopped_keeps_its_supervisor(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    supervisor = router.supervisors["a"]
+    async with lease(router, "a"):
+        await router.reconfigure(config(b=model(2)))
+        await router.reconfigure(config(a=model(1), b=model(2)))
+    await trio.testing.wait_all_tasks_blocked()
+    assert router.supervisors["a"] is supervisor
+    async with lease(router, "a"):
+        assert router.supervisors["a"] is supervisor
+    assert supervisor.statistics().starts == 2  # re-added: started anew, same supervisor
+
+
+async def test_a_model_re_added_after_it_was_forgotten_gets_a_new_supervisor(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    old = router.supervisors["a"]
+    async with lease(router, "a"):
+        pass
+    await router.reconfigure(config(b=model(2)))
+    await recorder.wait_for(S.STOPPED, "a")
+    assert "a" not in router.supervisors
+    await router.reconfigure(config(a=model(1), b=model(2)))
+    async with lease(router, "a"):
+        assert router.supervisors["a"] is not old
+        assert router.model_state("a") is S.READY
+
+
+async def test_a_request_named_before_its_model_was_removed_is_refused_at_admission(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1), b=model(2)))
+    late = router.lease("a")  # named, then its body is read while the reload happens
+    await router.reconfigure(config(b=model(2)))
+    with pytest.raises(ModelUnloaded, match="removed from the configuration"):
+        async with router.acquire(late):
+            pytest.fail("a removed model was served")
+    assert recorder.states("a") == []  # and never started again
+    assert "a" not in router.supervisors
+
+
+async def test_a_supervisor_a_reload_adds_keeps_no_copy_of_the_reloading_tasks_context(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    request = object()  # what Quart's request context is to a reload through the API
+
+    async def reload_request() -> None:
+        REQUEST.set(request)
+        await router.reconfigure(config(a=model(1), b=model(2)))
+
+    async with trio.open_nursery() as requests:
+        requests.start_soon(reload_request)
+    assert "b" in router.supervisors
+    assert [task.name for task in all_tasks() if task.context.get(REQUEST) is request] == []
+
+
+REQUEST: contextvars.ContextVar[object] = contextvars.ContextVar("REQUEST")
