@@ -136,6 +136,13 @@ class Route:
     wrong_method: bool = False
 
 
+# Made once, looked up by every request (a frozen attrs value is slow to build: each field
+# goes through object.__setattr__).
+_ROUTES = {key: Route(model_in) for key, model_in in _INFERENCE.items()}
+_UPSTREAM_ROUTE = Route(None)
+_WRONG_METHOD = Route(None, wrong_method=True)
+
+
 @final
 class _Body:
     """The request body, read by the request task; then a watcher waits for the client to go.
@@ -303,12 +310,12 @@ class Forwarder:
     def route(self, scope: HTTPScope) -> Route | None:
         """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
         if scope["path"].startswith(UPSTREAM_PREFIX):
-            return Route(None)
+            return _UPSTREAM_ROUTE
         method = "GET" if scope["method"] == "HEAD" else scope["method"]
-        model_in = _INFERENCE.get((method, scope["path"]))
-        if model_in is not None:
-            return Route(model_in)
-        return Route(None, wrong_method=True) if scope["path"] in _METHODS else None
+        route = _ROUTES.get((method, scope["path"]))
+        if route is not None:
+            return route
+        return _WRONG_METHOD if scope["path"] in _METHODS else None
 
     async def __call__(
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
