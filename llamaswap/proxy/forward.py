@@ -168,14 +168,14 @@ class _Body:
         self._on_disconnect = on_disconnect
         self._received = 0
         self._buffered: collections.deque[bytes] = collections.deque()
-        self._expected = expected  # the request says it has a body
+        self.expected = expected  # the request says it has a body
         self.disconnected = False
         self.complete = False  # the whole body has arrived (or is being dropped)
 
     @property
     def unread(self) -> bool:
         """Whether some of the body the client sends has not been read."""
-        return self._expected and not self.complete
+        return self.expected and not self.complete
 
     async def _next(self) -> bytes | None:
         """The next chunk from the client; None once the body is complete."""
@@ -330,11 +330,12 @@ class Forwarder:
                 if not exchange.finished:
                     nursery.cancel_scope.cancel(reason="client disconnected")
 
+            headers = _header_map(scope)
             limit = self._config.max_body_bytes
-            body = _Body(receive, limit, nursery, client_left, expected=_has_body(scope))
+            body = _Body(receive, limit, nursery, client_left, expected=_has_body(headers))
             reply = _Reply(send, exchange, body)
             try:
-                await self._handle(route, scope, body, reply, exchange)
+                await self._handle(route, scope, headers, body, reply, exchange)
             except RequestError as exc:
                 exchange.error = str(exc)
                 if not isinstance(exc, ModelStartFailed):  # logged once, by its supervisor
@@ -369,9 +370,14 @@ class Forwarder:
         # fall short (raising would do the same, with a traceback in the log).
 
     async def _handle(
-        self, route: Route, scope: HTTPScope, body: _Body, reply: _Reply, exchange: Exchange
+        self,
+        route: Route,
+        scope: HTTPScope,
+        headers: dict[str, str],
+        body: _Body,
+        reply: _Reply,
+        exchange: Exchange,
     ) -> None:
-        headers = _header_map(scope)
         if not authorized(self._config.api_keys, headers):
             raise Unauthorized()
         if route.wrong_method:
@@ -381,7 +387,8 @@ class Forwarder:
             raise BodyTooLarge(self._config.max_body_bytes)
         content_type = headers.get("content-type", "")
         query = scope["query_string"]
-        exchange.priority = parse_priority(_header_values(scope, PRIORITY_HEADER.encode()))
+        priority = headers.get(PRIORITY_HEADER)
+        exchange.priority = 0 if priority is None else parse_priority([priority])
         if route.model_in is None:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
             target, path = self._names.resolve_path(name, rest)
@@ -465,7 +472,7 @@ class Forwarder:
         content: bytes | AsyncIterator[bytes] | None
         if upstream.payload is None:
             content = body
-        elif upstream.payload.raw or _has_body(scope):
+        elif upstream.payload.raw or body.expected:
             content = upstream.payload.raw
         else:
             content = None  # no body at all (a GET), as the client sent it
@@ -632,26 +639,42 @@ def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> 
     return payload.field("stream") is True
 
 
+#: The request fields the forwarder reads (``_header_map`` gives no other); the others are
+#: only passed on, and need no decoding: an SDK sends a dozen more (``x-stainless-*``).
+_READ = frozenset(
+    {
+        b"authorization",
+        b"x-api-key",
+        b"content-length",
+        b"content-type",
+        b"transfer-encoding",
+        PRIORITY_HEADER.encode(),
+    }
+)
+
+
 def _header_map(scope: HTTPScope) -> dict[str, str]:
-    """Request headers by lowercase name; the first occurrence wins."""
+    """The request fields in ``_READ``, by lowercase name; the first occurrence wins."""
     headers: dict[str, str] = {}
     for name, value in scope["headers"]:
-        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        lower = name.lower()
+        if lower in _READ:
+            headers.setdefault(lower.decode("latin-1"), value.decode("latin-1"))
     return headers
 
 
-def _header_values(scope: HTTPScope, name: bytes) -> list[str]:
-    return [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == name]
-
-
 def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes, bytes]]:
-    dropped = _HOP_BY_HOP | _named_in_connection(scope["headers"])
     headers = []
+    connection = False  # a Connection field: the fields it names are this hop's own too
     for name, value in scope["headers"]:
         lower = name.lower()
-        if lower in dropped or (strip_auth and lower in (b"authorization", b"x-api-key")):
-            continue
-        headers.append((lower, value))
+        if lower in _HOP_BY_HOP:
+            connection = connection or lower == b"connection"
+        elif not (strip_auth and lower in (b"authorization", b"x-api-key")):
+            headers.append((lower, value))
+    if connection:
+        named = _named_in_connection(scope["headers"])
+        headers = [(k, v) for k, v in headers if k not in named]
     return headers
 
 
@@ -683,13 +706,10 @@ def _downstream_headers(
     return headers
 
 
-def _has_body(scope: HTTPScope) -> bool:
-    """Whether the client's request has a body to stream through."""
-    for name, value in scope["headers"]:
-        lower = name.lower()
-        if lower == b"transfer-encoding" or (lower == b"content-length" and value != b"0"):
-            return True
-    return False
+def _has_body(headers: dict[str, str]) -> bool:
+    """Whether the client's request (``headers``: ``_header_map``) has a body to stream
+    through. (h11 refuses a request whose Content-Length fields disagree.)"""
+    return "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
 
 
 def _peer_auth(peer: Peer) -> list[tuple[bytes, bytes]]:
