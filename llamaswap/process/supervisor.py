@@ -60,6 +60,9 @@ class ModelStatistics:
     last_exit_code: int | None
     ready_since: float | None
     idle_deadline: float
+    #: The ``proxy`` of the server running, or of the last one that ran (a reload may
+    #: have given the next start another); None before the first start.
+    address: str | None = None
 
 
 @attrs.define(eq=False)
@@ -128,6 +131,7 @@ class ModelSupervisor:
         self._crashes = 0
         self._last_exit_code: int | None = None
         self._ready_since: float | None = None
+        self._address: str | None = None
 
     # ---------------------------------------------------------------- service
 
@@ -160,6 +164,7 @@ class ModelSupervisor:
             last_exit_code=self._last_exit_code,
             ready_since=self._ready_since,
             idle_deadline=self._idle_deadline,
+            address=self._address,
         )
 
     # ------------------------------------------------------------ public API
@@ -258,6 +263,7 @@ class ModelSupervisor:
             raise RuntimeError(f"model {self.model_id!r}: supervisor is not running")
         run = _Run(log_start=self.log.appended)
         self._run = run
+        self._address = self.config.proxy
         self._starts += 1
         self._set_state(ModelState.STARTING)
         self._nursery.start_soon(self._lifetime, run, name=f"model {self.model_id}")

@@ -545,3 +545,25 @@ async def test_a_supervisor_a_reload_adds_keeps_no_copy_of_the_reloading_tasks_c
 
 
 REQUEST: contextvars.ContextVar[object] = contextvars.ContextVar("REQUEST")
+
+
+async def test_a_stopped_models_address_is_that_of_the_server_that_stopped(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    stopped_at: list[str | None] = []
+
+    def on_state(name: str, state: ModelState) -> None:  # as serve()'s pool listener reads it
+        if state is S.STOPPED:
+            stopped_at.append(router.supervisors[name].statistics().address)
+
+    router.add_listener(on_state)
+    async with lease(router, "a"):
+        await router.reconfigure(config(a=model(2)))  # another port: restarts once drained
+    await recorder.wait_for(S.STOPPED, "a")
+    assert stopped_at == ["http://m:1"]  # the old server's, whose connections are dead
+    async with lease(router, "a"):
+        assert router.supervisors["a"].statistics().address == "http://m:2"
