@@ -696,9 +696,11 @@ def _downstream_headers(
 ) -> list[tuple[bytes, bytes]]:
     """The upstream's response fields, and ``X-LlamaSwap-Upstream`` naming who answered:
     an error with it is the model server's, one without it llamaswap's own."""
-    dropped = _OURS | _named_in_connection(response.headers)
+    dropped = _OURS
+    if response.header(b"connection"):  # the fields it names are this hop's own too
+        dropped = dropped | _named_in_connection(response.headers)
     if response.header(b"transfer-encoding"):  # the body's length was its chunks'
-        dropped |= {b"content-length"}
+        dropped = dropped | {b"content-length"}
     headers = [(k, v) for k, v in response.headers if k not in dropped]
     headers.append((UPSTREAM_HEADER, model.encode()))
     if content_type.startswith("text/event-stream"):

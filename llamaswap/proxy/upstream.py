@@ -263,19 +263,20 @@ class UpstreamResponse:
         self._connection = connection
         self.status = head.status_code
         self.headers: list[tuple[bytes, bytes]] = list(head.headers)  # names in lowercase
+        self._first = dict(reversed(self.headers))  # each field's first value
         # h11's rules (RFC 9112 §6.3); it has checked a Transfer-Encoding says "chunked".
         has_body = not (
             method == b"HEAD"
             or self.status in (204, 304)
             or (method == b"CONNECT" and 200 <= self.status < 300)
         )
-        chunked = has_body and any(k == b"transfer-encoding" for k, _ in self.headers)
+        chunked = has_body and b"transfer-encoding" in self._first
         self._chunked = _Chunked() if chunked else None
         self._http_version = head.http_version
 
     def header(self, name: bytes) -> str:
         """The first value of ``name`` (lowercase), or ``""``."""
-        return next((v.decode("latin-1") for k, v in self.headers if k == name), "")
+        return self._first.get(name, b"").decode("latin-1")
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives, in one piece per read from the socket: when the server
@@ -523,13 +524,10 @@ async def _exchange(
             if not connection.written:
                 raise
             failed = exc  # but the server may have answered before it stopped reading
-        with trio.move_on_after(head_timeout or math.inf):
-            while True:
-                event = await connection.next_event()
-                if isinstance(event, h11.Response):
-                    return UpstreamResponse(connection, event, request.method)
-                if not isinstance(event, h11.InformationalResponse):  # 1xx: read on
-                    raise h11.RemoteProtocolError(f"unexpected {event!r}")
+        if not head_timeout:  # no limit: no cancel scope to set up for it
+            return await _response(connection, request)
+        with trio.move_on_after(head_timeout):
+            return await _response(connection, request)
         connection.broken = True  # the answer may still come: never reuse it
         detail = f"no response within {head_timeout:g} s (timeouts.responseHeader)"
         raise UpstreamFailed(detail, answered=False, timed_out=True)
@@ -539,6 +537,16 @@ async def _exchange(
             detail = "the server closed the connection before answering"
             raise UpstreamFailed(detail, answered=False) from exc
         raise UpstreamFailed(_describe(cause), answered=False) from cause
+
+
+async def _response(connection: _Connection, request: h11.Request) -> UpstreamResponse:
+    """The response's head, once it has arrived (after any 1xx interim responses)."""
+    while True:
+        event = await connection.next_event()
+        if isinstance(event, h11.Response):
+            return UpstreamResponse(connection, event, request.method)
+        if not isinstance(event, h11.InformationalResponse):  # 1xx: read on
+            raise h11.RemoteProtocolError(f"unexpected {event!r}")
 
 
 def _keep_alive(sock: trio.socket.SocketType, seconds: float) -> None:
