@@ -45,7 +45,7 @@ from llamaswap.observability import (
     Logs,
     capture_logs,
 )
-from llamaswap.process import HttpProbe, LogRing, SubprocessSpawner, open_lifeline
+from llamaswap.process import HttpProbe, LogRing, ModelState, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.router import Router
 
@@ -164,6 +164,17 @@ async def _preload(router: Router, model: str) -> None:
         logger.warning("preloading %r failed: %s", model, exc)
 
 
+def _close_connections(router: Router, pool: UpstreamPool, model: str, state: ModelState) -> None:
+    """A state listener: a model that stopped took its server with it, so the pool's idle
+    connections to its address are closed. (With ``idleConn = 0`` nothing else would close
+    them once that address is never used again: the model removed, or moved to another
+    port; each would wait in CLOSE-WAIT for good.)"""
+    if state is ModelState.STOPPED:
+        address = router.supervisors[model].statistics().address
+        if address is not None:
+            pool.close_idle(address)
+
+
 async def _end_live_streams(hub: EventHub, logs: Logs) -> None:
     """After the models have stopped (so their clients saw that too), end every stream."""
     hub.close()
@@ -228,6 +239,7 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
+        router.add_listener(partial(_close_connections, router, pool))
         hub = EventHub()
         logs = Logs.of(own_log, router)
         app = create_app(

@@ -18,7 +18,9 @@ What it keeps of httpcore's habits, as rules:
   (``max_idle_per_origin``, the oldest go first). Expired ones are closed, not just
   forgotten: the checkout sweeps its origin, the checkin every origin. A checked-out
   connection the server has closed (readable while idle: EOF) is closed and the next one
-  tried.
+  tried. ``close_idle(base)`` closes every idle connection to a server that is gone (a
+  model that stopped): with ``idleConn = 0`` nothing else would, once its address is
+  never used again. An origin with no idle connection has no entry.
 * Timeouts are the model's or peer's ``timeouts`` (connect, TLS handshake, response head,
   idle, TCP keep-alive); a request that gets no response head in time is never sent again.
 * A write that fails is not the end: the server may have answered early (413 to a large
@@ -408,17 +410,29 @@ class UpstreamPool:
             if connection is not None:
                 self._checkin(origin, connection, limits.idle_conn)
 
+    def close_idle(self, base: str) -> None:
+        """Close every idle connection to ``base``'s server (its host and port, whatever
+        path prefix each was opened for): it has gone, as a stopped model's has."""
+        gone = _origin(base)
+        server = (gone.scheme, gone.host, gone.port)
+        for origin in [o for o in self._idle if (o.scheme, o.host, o.port) == server]:
+            for connection in self._idle.pop(origin):
+                connection.close()
+
     def _checkout(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)
-        if not idle:
+        if idle is None:
             return None
         self._expire(idle)
-        while idle:
-            connection = idle.pop()  # the newest: the furthest from the server's timeout
-            if not connection.stale():
-                return connection
-            connection.close()
-        return None
+        found = None
+        while idle and found is None:
+            found = idle.pop()  # the newest: the furthest from the server's timeout
+            if found.stale():
+                found.close()
+                found = None
+        if not idle:
+            del self._idle[origin]
+        return found
 
     def _checkin(self, origin: _Origin, connection: _Connection, idle_conn: float) -> None:
         if connection.reusable():
@@ -430,17 +444,20 @@ class UpstreamPool:
             idle.append(connection)
         else:
             connection.close()
-        for idle in self._idle.values():
-            self._expire(idle)
+        emptied = [origin for origin, idle in self._idle.items() if not self._expire(idle)]
+        for origin in emptied:
+            del self._idle[origin]
 
-    def _expire(self, idle: deque[_Connection]) -> None:
-        """Close the connections idle past their ``idleConn``, then the oldest beyond the count.
+    def _expire(self, idle: deque[_Connection]) -> bool:
+        """Close the connections idle past their ``idleConn``, then the oldest beyond the
+        count; whether any is left.
 
         (Connections to one origin share their model's ``idleConn``, so the oldest expires
         first.)"""
         now = trio.current_time()
         while idle and (len(idle) > self._max_idle or idle[0].idle_until < now):
             idle.popleft().close()
+        return bool(idle)
 
     async def _connect(self, origin: _Origin, limits: Timeouts) -> _Connection:
         where = f"{origin.host}:{origin.port}"

@@ -19,10 +19,15 @@ import attrs
 import h11
 import pytest
 import trio
+import trio.testing
 import trustme
 from trio.testing import MockClock
 
+from llamaswap._serve import _close_connections
+from llamaswap.config.model import Config, ModelConfig, Timeouts
 from llamaswap.proxy.upstream import UpstreamFailed, UpstreamPool, _Connection
+from llamaswap.router import Router
+from tests.fakes import FakeProbe, FakeSpawner
 
 
 @final
@@ -468,3 +473,74 @@ async def test_an_idle_connection_is_stale_once_the_server_has_closed_it() -> No
         await trio.lowlevel.wait_readable(ours)
     assert connection.stale()
     connection.close()
+
+
+async def test_closing_a_servers_idle_connections_closes_them_whatever_their_prefix(
+    nursery: trio.Nursery, pool: UpstreamPool
+) -> None:
+    send_ended, ended = trio.open_memory_channel[int](3)
+
+    async def script(peer: Peer, index: int) -> None:
+        await peer.serve_forever()
+        send_ended.send_nowait(index)  # the client closed it
+
+    gone, other = await start_server(nursery, script), await start_server(nursery, script)
+    forever = Timeouts(idle_conn=0)  # no expiry: only close_idle ends them
+    with trio.fail_after(10):
+        for url in (gone.url, gone.url + "/api", other.url):  # as a probe and the proxy do
+            async with pool.request("GET", url, "/", [], None, forever) as response:
+                await response.read()
+        pool.close_idle(gone.url + "/v1")
+        assert sorted([await ended.receive(), await ended.receive()]) == [0, 1]
+        assert [origin.port for origin in pool._idle] == [int(other.url.rpartition(":")[2])]
+        assert await get(pool, gone.url, "/again") == b"/again"  # a new one
+    assert gone.connections == 3
+    assert other.connections == 1
+    with pytest.raises(trio.WouldBlock):
+        ended.receive_nowait()  # the other server's connection is still open
+
+
+async def test_a_model_that_stops_leaves_no_idle_connection_to_its_address(
+    nursery: trio.Nursery,
+) -> None:
+    closed = trio.Event()
+
+    async def script(peer: Peer, index: int) -> None:
+        await peer.serve_forever()
+        closed.set()
+
+    server = await start_server(nursery, script)  # the model's server, as far as the pool sees
+    port = server.url.rpartition(":")[2]  # in its argv: FakeProbe's sign of a server
+    model = ModelConfig(cmd=("server", port), proxy=server.url, timeouts=Timeouts(idle_conn=0))
+    spawner = FakeSpawner(nursery)
+    router = Router(Config(models={"m": model}), spawner=spawner, probe=FakeProbe(spawner))
+    async with UpstreamPool() as pool:
+        router.add_listener(partial(_close_connections, router, pool))
+        await nursery.start(router.run)
+        with trio.fail_after(10):
+            async with (
+                router.acquire(router.lease("m")),
+                pool.request("GET", server.url, "/", [], None, model.timeouts) as response,
+            ):
+                await response.read()
+            assert len(pool._idle) == 1  # kept: idleConn = 0 never expires it
+            await router.unload(["m"])
+            await closed.wait()  # the server saw the client close it
+        assert pool._idle == {}
+
+
+async def test_an_origin_left_without_idle_connections_leaves_the_pool(
+    nursery: trio.Nursery, clock: MockClock
+) -> None:
+    first, second = (
+        await start_server(nursery, serve_forever),
+        await start_server(nursery, serve_forever),
+    )
+    with trio.fail_after(10):
+        async with UpstreamPool(idle_timeout=4.0) as pool:
+            await get(pool, first.url, "/")
+            clock.jump(4.1)
+            await get(pool, second.url, "/")  # its checkin closes the expired one
+            assert [origin.port for origin in pool._idle] == [int(second.url.rpartition(":")[2])]
+            async with pool.request("GET", second.url, "/", [], None):  # checked out
+                assert pool._idle == {}
