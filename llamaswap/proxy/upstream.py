@@ -20,7 +20,8 @@ What it keeps of httpcore's habits, as rules:
   connection the server has closed (readable while idle: EOF) is closed and the next one
   tried. ``close_idle(base)`` closes every idle connection to a server that is gone (a
   model that stopped): with ``idleConn = 0`` nothing else would, once its address is
-  never used again. An origin with no idle connection has no entry.
+  never used again. An origin left with no idle connection loses its entry at the next
+  checkin.
 * Timeouts are the model's or peer's ``timeouts`` (connect, TLS handshake, response head,
   idle, TCP keep-alive); a request that gets no response head in time is never sent again.
 * A write that fails is not the end: the server may have answered early (413 to a large
@@ -421,18 +422,15 @@ class UpstreamPool:
 
     def _checkout(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)
-        if idle is None:
+        if not idle:
             return None
         self._expire(idle)
-        found = None
-        while idle and found is None:
-            found = idle.pop()  # the newest: the furthest from the server's timeout
-            if found.stale():
-                found.close()
-                found = None
-        if not idle:
-            del self._idle[origin]
-        return found
+        while idle:
+            connection = idle.pop()  # the newest: the furthest from the server's timeout
+            if not connection.stale():
+                return connection
+            connection.close()
+        return None  # the entry, now empty, goes at the next checkin
 
     def _checkin(self, origin: _Origin, connection: _Connection, idle_conn: float) -> None:
         if connection.reusable():
