@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,24 @@ def test_the_diff_sorts_models_by_what_a_reload_does_to_them() -> None:
         unchanged=("same",),
         settings=("apiKeys",),
     )
+
+
+@contextmanager
+def hung_file(path: Path) -> Iterator[Callable[[], None]]:
+    """A FIFO nobody writes at ``path``, standing for a file on a hung network mount: a
+    read of it blocks until ``release()`` (it then reads empty text). Should a read never
+    give up, a timer releases it after 10 s: the test fails rather than hangs."""
+    os.mkfifo(path)
+
+    def release() -> None:
+        path.open("w").close()
+
+    guard = threading.Timer(10.0, release)
+    guard.start()
+    try:
+        yield release
+    finally:
+        guard.cancel()
 
 
 async def test_an_unchanged_model_keeps_its_process_and_serves_throughout(
@@ -277,23 +296,17 @@ async def test_a_file_that_cannot_be_read_fails_the_reload_after_the_read_timeou
     (The clock moves only when told: reading a file takes real time.)"""
     router = await start(nursery, spawner, recorder, config(a=model(1)))
     fifo = tmp_path / "config.toml"
-    os.mkfifo(fifo)
     reloader = Reloader(str(fifo), router)
     results = []
 
     async def reload() -> None:
         results.append(await reloader.reload("api"))
 
-    def release() -> None:  # the blocked read ends, on empty text
-        fifo.open("w").close()
-
-    guard = threading.Timer(10.0, release)  # should the reload never give up: no hang
-    guard.start()
-    async with trio.open_nursery() as reloading:
-        reloading.start_soon(reload)
-        await trio.testing.wait_all_tasks_blocked()
-        mock_clock.jump(READ_TIMEOUT)
-    guard.cancel()
+    with hung_file(fifo) as release:
+        async with trio.open_nursery() as reloading:
+            reloading.start_soon(reload)
+            await trio.testing.wait_all_tasks_blocked()
+            mock_clock.jump(READ_TIMEOUT)
     (result,) = results
     assert not result.ok
     assert result.problems == (f"{fifo}: not read within 10 s; is it on a hung mount?",)
@@ -317,7 +330,6 @@ async def test_reloads_while_a_read_hangs_take_none_of_trios_default_thread_toke
     it, and the next reloads time out waiting for it rather than start a thread each."""
     router = await start(nursery, spawner, recorder, config(a=model(1)))
     fifo = tmp_path / "config.toml"
-    os.mkfifo(fifo)
     reloader = Reloader(str(fifo), router)
     default = trio.to_thread.current_default_thread_limiter()
     results = []
@@ -325,18 +337,13 @@ async def test_reloads_while_a_read_hangs_take_none_of_trios_default_thread_toke
     async def reload() -> None:
         results.append(await reloader.reload("api"))
 
-    def release() -> None:  # the blocked read ends, on empty text
-        fifo.open("w").close()
-
-    guard = threading.Timer(10.0, release)  # should a reload never give up: no hang
-    guard.start()
-    for _ in range(3):
-        async with trio.open_nursery() as reloading:
-            reloading.start_soon(reload)
-            await trio.testing.wait_all_tasks_blocked()
-            assert default.borrowed_tokens == 0
-            mock_clock.jump(READ_TIMEOUT)
-    guard.cancel()
+    with hung_file(fifo) as release:
+        for _ in range(3):
+            async with trio.open_nursery() as reloading:
+                reloading.start_soon(reload)
+                await trio.testing.wait_all_tasks_blocked()
+                assert default.borrowed_tokens == 0
+                mock_clock.jump(READ_TIMEOUT)
     hung = (f"{fifo}: not read within 10 s; is it on a hung mount?",)
     assert [result.problems for result in results] == [hung] * 3
     await trio.to_thread.run_sync(release)
