@@ -384,11 +384,25 @@ def series(metrics: Metrics) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith("#")]
 
 
+def recording(router: Router) -> tuple[Metrics, Recorder]:
+    """Metrics and a recorder for ``router``'s requests, listening as ``create_app``'s do."""
+    metrics = Metrics(router)
+    router.add_listener(metrics.on_model_state)
+    router.add_forget_listener(metrics.forget)
+    return metrics, Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+
+
+def chat_exchange(router: Router, name: str) -> tuple[Exchange, Lease]:
+    """A chat request for ``name`` and its lease, as the forwarder makes them."""
+    exchange = Exchange("POST", "/v1/chat/completions", model=name)
+    exchange.lease = held = router.lease(name)
+    return exchange, held
+
+
 async def serve_one(router: Router, recorder: Recorder, name: str) -> None:
     """A request for ``name`` served and recorded, as the forwarder does."""
-    exchange = Exchange("POST", "/v1/chat/completions", model=name)
-    exchange.lease = router.lease(name)
-    async with router.acquire(exchange.lease):
+    exchange, held = chat_exchange(router, name)
+    async with router.acquire(held):
         exchange.status = 200
     recorder.finish(exchange)
 
@@ -400,10 +414,7 @@ async def test_a_model_each_reload_replaces_leaves_no_supervisor_task_or_series_
     recorder: StateRecorder,
 ) -> None:
     router = await start(nursery, spawner, recorder, config(keep=model(1), m0=model(2)))
-    metrics = Metrics(router)
-    router.add_listener(metrics.on_model_state)
-    router.add_forget_listener(metrics.forget)
-    records = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+    metrics, records = recording(router)
 
     async def reload(n: int) -> None:
         """Replace m{n-1} with m{n}, and serve one request on each model."""
@@ -430,15 +441,11 @@ async def test_a_straggler_of_a_removed_model_finishes_then_the_model_is_forgott
     recorder: StateRecorder,
 ) -> None:
     router = await start(nursery, spawner, recorder, config(a=model(1)))
-    metrics = Metrics(router)
-    router.add_listener(metrics.on_model_state)
-    router.add_forget_listener(metrics.forget)
-    records = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+    metrics, records = recording(router)
     await serve_one(router, records, "a")
     supervisor = router.supervisors["a"]
-    exchange = Exchange("POST", "/v1/chat/completions", model="a")
-    exchange.lease = router.lease("a")
-    async with router.acquire(exchange.lease):
+    exchange, held = chat_exchange(router, "a")
+    async with router.acquire(held):
         await router.reconfigure(config(b=model(2)))
         await trio.testing.wait_all_tasks_blocked()
         assert router.supervisors["a"] is supervisor  # kept for the straggler
@@ -461,13 +468,9 @@ async def test_a_straggler_whose_removed_model_crashed_is_recorded_without_serie
     recorder: StateRecorder,
 ) -> None:
     router = await start(nursery, spawner, recorder, config(a=model(1)))
-    metrics = Metrics(router)
-    router.add_listener(metrics.on_model_state)
-    router.add_forget_listener(metrics.forget)
-    records = Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
-    exchange = Exchange("POST", "/v1/chat/completions", model="a")
-    exchange.lease = router.lease("a")
-    async with router.acquire(exchange.lease):
+    metrics, records = recording(router)
+    exchange, held = chat_exchange(router, "a")
+    async with router.acquire(held):
         await router.reconfigure(config(b=model(2)))
         spawner.last.exit(1)  # crashed under its last request
         await recorder.wait_for(S.STOPPED, "a")
