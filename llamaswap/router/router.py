@@ -181,11 +181,15 @@ class Router:
 
     async def _start(self, model_id: str, supervisor: ModelSupervisor) -> None:
         """Run ``supervisor`` in the supervisors' nursery, in a cancel scope of its own
-        (``_forget`` cancels it); return once it runs.
+        (``_forget_if_unneeded`` cancels it); return once it runs.
 
         Its task is started in ``run``'s context, not the caller's: a task keeps a copy of
         the context it was started from, and a reload's is its HTTP request's (Quart's
         request context, and through it the whole request).
+
+        *Cancellation*: shielded. The task runs from the moment it is started, so the
+        caller must go on to record it; the wait is one pass of the scheduler (``run``
+        reaches ``started()`` without blocking).
         """
         if self._supervisor_nursery is None:
             raise RuntimeError("router is not running")
@@ -194,7 +198,8 @@ class Router:
         started = _Started()
         start = partial(self._supervisor_nursery.start_soon, name=f"supervisor of {model_id}")
         self._context.run(start, self._supervise, supervisor, scope, started)
-        await started.event.wait()
+        with trio.CancelScope(shield=True):
+            await started.event.wait()
 
     @staticmethod
     async def _supervise(

@@ -519,6 +519,27 @@ async def test_a_model_re_added_after_it_was_forgotten_gets_a_new_supervisor(
         assert router.model_state("a") is S.READY
 
 
+async def test_a_reload_cancelled_as_it_starts_a_new_supervisor_still_records_it(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """A supervisor's task runs from the moment it is started: a reload cancelled while
+    it waits for the task to run must not leave that task running unrecorded."""
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    with trio.CancelScope() as cancelled:
+        cancelled.cancel()
+        await router.reconfigure(config(a=model(1), b=model(2)))
+    await trio.testing.wait_all_tasks_blocked()
+    running = {
+        t.name.removeprefix("supervisor of ") for t in all_tasks() if "supervisor of" in t.name
+    }
+    assert running == set(router.supervisors) == set(router.config.models) == {"a", "b"}
+    async with lease(router, "b"):
+        assert router.model_state("b") is S.READY
+
+
 async def test_a_request_named_before_its_model_was_removed_is_refused_at_admission(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,
