@@ -434,9 +434,7 @@ def create_app(
 
     @quart.post("/api/models/unload")
     async def unload_all() -> Response:
-        stopped = sorted(router.running_models())
-        await router.unload()
-        return _json({"unloaded": stopped})
+        return _json({"unloaded": sorted(await router.unload())})
 
     @quart.post("/api/models/unload/<path:name>")
     async def unload(name: str) -> Response:

@@ -351,12 +351,17 @@ class Router:
         async with self.acquire(self.lease(model, priority=priority)):
             pass
 
-    async def unload(self, models: Collection[str] | None = None) -> None:
-        """Stop ``models`` (all by default); requests waiting for them fail with 503.
+    async def unload(self, models: Collection[str] | None = None) -> list[str]:
+        """Stop ``models`` (by default every model running or loading); requests waiting
+        for them fail with 503, and those waiting for other models stay queued (SPEC §7.7).
+        Returns the models stopped.
 
         *Cancellation*: the stops go on without the cancelled caller.
         """
-        targets = list(self.supervisors if models is None else models)
+        if models is None:
+            running = self.running_models() | {swap.target for swap in self.swaps_in_progress()}
+            models = [model for model in self.supervisors if model in running]
+        targets = list(models)
         for scheduler in self._schedulers():
             self._decide("unload", scheduler, scheduler.on_unload, targets)
         # A model forgotten since it was named is stopped already.
@@ -368,6 +373,7 @@ class Router:
         async with trio.open_nursery() as nursery:
             for supervisor in supervisors:
                 nursery.start_soon(supervisor.stop, "unload requested")
+        return targets
 
     async def reconfigure(self, config: Config) -> ConfigChanges:
         """Apply a new, validated configuration, model by model (SPEC §3.7).

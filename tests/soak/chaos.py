@@ -344,7 +344,10 @@ class Chaos:
                 path = "/api/models/unload" if everything else f"/api/models/unload/{model}"
                 start = self.now()
                 response = await self._call(client, "POST", path)
-                models = frozenset(self._models) if everything else frozenset([model])
+                models = frozenset(self._models if everything else [model])
+                if everything and response is not None and response.status_code == 200:
+                    # The models it stopped: requests for the others stay queued.
+                    models = frozenset(response.json()["unloaded"])
                 end = self.now() + UNLOAD_AFTERMATH
                 self.disturbances.append(Disturbance(f"POST {path}", models, start, end))
                 if response is not None and response.status_code != 200:

@@ -195,6 +195,32 @@ async def test_unload_fails_waiters_with_unloaded(
     assert "unloaded" in str(errors[0])
 
 
+async def test_unload_all_leaves_requests_for_stopped_models_queued(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """SPEC §7.7: only the requests of the models unloaded fail. ``b`` is not running (it
+    waits for ``a`` to be free), so an unload of everything stops ``a`` alone and ``b``'s
+    request is served after it."""
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
+    served: list[str] = []
+
+    async def wants_b() -> None:
+        async with lease(router, "b"):
+            served.append("b")
+
+    async with trio.open_nursery() as work, lease(router, "a"):
+        work.start_soon(wants_b)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [t.model for t in router.scheduler.queued()] == ["b"]
+        await router.unload()
+        assert router.model_state("a") is S.STOPPED
+    assert served == ["b"]
+    assert [(m, s) for m, s in recorder.history if s is S.STOPPED] == [("a", S.STOPPED)]
+
+
 async def test_concurrency_limit_is_decided_before_waiting(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,
