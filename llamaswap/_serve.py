@@ -31,10 +31,9 @@ from functools import partial
 
 import hypercorn.config
 import hypercorn.trio
-import hypercorn.trio.run
-import hypercorn.trio.tcp_server
 import trio
 
+import llamaswap._connections  # noqa: F401  (installs llamaswap's connection handler)
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import ListenError, RequestError, only_cause
 from llamaswap.observability import (
@@ -128,32 +127,6 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
     settings.h11_max_incomplete_size = 64 * 1024  # the largest request head
     return settings
-
-
-class _TCPServer(hypercorn.trio.tcp_server.TCPServer):
-    """hypercorn's handler of one connection, which lets the connection go once its client
-    has closed it.
-
-    hypercorn (0.17, 0.18: ``trio/tcp_server.py``) reads the connection until end of file,
-    then waits for the connection's tasks before it closes the socket, and one of them is
-    the idle timer, running whenever no request is being answered. So a client that closed
-    a kept-alive connection between requests (an SDK client closed after its last request,
-    a client that was reset) left the socket in CLOSE-WAIT, with the handler's tasks and
-    buffers, for the whole ``keep_alive_timeout`` (75 s): one connection a second held 75 file
-    descriptors, and at 14 a second a 1024-descriptor limit was reached, after which no
-    client could connect. **Once nothing more can be read, the idle timer stops**: the
-    connection closes as soon as the answer being sent, if any, is over. (Nothing can start
-    the timer again then: it restarts only when an answer ends on a connection whose client
-    may send another request, and a client whose side is closed cannot.)
-    """
-
-    async def _read_data(self) -> None:
-        await super()._read_data()
-        await self.idle_task.stop()
-
-
-# ``hypercorn.trio.serve`` builds each connection's handler from this module attribute.
-hypercorn.trio.run.TCPServer = _TCPServer  # type: ignore[attr-defined]
 
 
 async def _preload(router: Router, model: str) -> None:

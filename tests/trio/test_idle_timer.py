@@ -1,0 +1,105 @@
+"""The idle timer of a connection (``llamaswap._connections.IdleTimer``), on the mock clock.
+
+hypercorn calls ``restart`` when a connection becomes idle and ``stop`` when a request
+starts; the timer closes the connection after ``TIMEOUT`` idle seconds, or at once when
+the server terminates while it is idle, and never while a request is answered. Its
+process-level behaviour (a kept-alive connection closed after the timeout, one closed
+by its client let go at once) is in ``tests/e2e/test_management_connections.py``.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from hypercorn.trio.worker_context import EventWrapper
+
+from llamaswap._connections import IdleTimer
+
+TIMEOUT = 75.0
+
+
+class Connection:
+    """An idle timer's task, and when (mock time) it closed the connection, if it did."""
+
+    def __init__(self) -> None:
+        self.terminated = EventWrapper()
+        self.closed_at: float | None = None
+        self.timer = IdleTimer(TIMEOUT, self.terminated, self._close)
+        self.done = trio.Event()
+
+    async def _close(self) -> None:
+        self.closed_at = trio.current_time()
+
+    async def run(self) -> None:
+        await self.timer.run()
+        self.done.set()
+
+
+async def open_connection(nursery: trio.Nursery) -> Connection:
+    """A connection as hypercorn opens one: the timer restarted, then its task started."""
+    connection = Connection()
+    await connection.timer.restart()
+    nursery.start_soon(connection.run)
+    await trio.testing.wait_all_tasks_blocked()
+    return connection
+
+
+async def test_an_idle_connection_closes_after_the_timeout(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    start = trio.current_time()
+    connection = await open_connection(nursery)
+    await connection.done.wait()
+    assert connection.closed_at == start + TIMEOUT
+
+
+async def test_a_request_stops_the_timer_and_its_end_starts_it_afresh(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    connection = await open_connection(nursery)
+    await trio.sleep(TIMEOUT - 1)
+    await connection.timer.stop()  # a request arrives
+    await trio.sleep(10 * TIMEOUT)  # and is answered for a long time
+    assert connection.closed_at is None
+    answered = trio.current_time()
+    await connection.timer.restart()
+    await connection.done.wait()
+    assert connection.closed_at == answered + TIMEOUT
+
+
+async def test_termination_closes_an_idle_connection_at_once(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    connection = await open_connection(nursery)
+    await trio.sleep(5.0)
+    terminated = trio.current_time()
+    await connection.terminated.set()
+    await connection.done.wait()
+    assert connection.closed_at == terminated
+
+
+async def test_termination_waits_for_the_answer_being_sent(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    connection = await open_connection(nursery)
+    await connection.timer.stop()
+    await connection.terminated.set()
+    await trio.sleep(10 * TIMEOUT)
+    assert connection.closed_at is None
+    answered = trio.current_time()
+    await connection.timer.restart()
+    await connection.done.wait()
+    assert connection.closed_at == answered
+
+
+async def test_a_connection_with_nothing_more_to_read_is_not_closed_by_the_timer(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    # Its handler closes it once the answer being sent, if any, is over.
+    connection = await open_connection(nursery)
+    await trio.sleep(1.0)
+    ended = trio.current_time()
+    connection.timer.end()
+    await connection.done.wait()
+    assert connection.closed_at is None
+    assert trio.current_time() == ended
