@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 
 from llamaswap.process import ModelState
-from llamaswap.router.lease import RequestInfo, ticket_info
+from llamaswap.router.lease import Lease, RequestInfo, ticket_info
 from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket
 
 from .activity import ActivityLog, ActivityRecord
@@ -90,12 +90,12 @@ class RouterEvents:
         if self._hub.active:
             self._hub.publish({"type": "model", **self._model(model)})
 
-    def on_request(self, event: str, info: RequestInfo) -> None:
+    def on_request(self, event: str, lease: Lease) -> None:
         if not self._hub.active:
             return
         self._hub.publish_soon(_QUEUE, self._queue_event)
         if event != "failed":  # published with its error when the Fail was applied
-            self._hub.publish(_from_info(info, event, trio.current_time()))
+            self._hub.publish(_from_info(lease.info(), event, trio.current_time()))
 
     def on_decision(self, decision: Decision) -> None:
         if not self._hub.active:

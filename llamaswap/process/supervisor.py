@@ -472,8 +472,9 @@ class ModelSupervisor:
             self._set_idle_deadline(trio.current_time() + self.config.ttl)
 
     def _set_idle_deadline(self, deadline: float) -> None:
-        self._idle_deadline = deadline
-        self._idle_scope.deadline = deadline
+        if deadline != self._idle_deadline:  # unchanged for every request without a ttl
+            self._idle_deadline = deadline
+            self._idle_scope.deadline = deadline
 
     async def _expire_idle(self) -> None:
         """Unload the model ``ttl`` seconds after its last request (or after ready)."""

@@ -65,8 +65,9 @@ REMOVED = "removed from the configuration"
 
 DecisionListener = Callable[[Decision], None]
 #: Told when a request is admitted ("queued") and released ("done" after a grant,
-#: "failed", "cancelled" while waiting), with its snapshot.
-RequestListener = Callable[[str, RequestInfo], None]
+#: "failed", "cancelled" while waiting), with its lease (``Lease.info`` is its snapshot,
+#: taken only by a listener that needs it: most requests have nobody watching).
+RequestListener = Callable[[str, Lease], None]
 #: Told of each line a model's server prints, with the model's ID.
 OutputListener = Callable[[str, LogLine], None]
 #: Told of each model the router forgets (removed by a reload, and no longer needed).
@@ -556,10 +557,8 @@ class Router:
                 listener(decision)
 
     def _tell(self, event: str, lease: Lease) -> None:
-        if self._request_listeners:
-            info = lease.info()
-            for listener in self._request_listeners:
-                listener(event, info)
+        for listener in self._request_listeners:
+            listener(event, lease)
 
     def _start_swap(self, swap: Swap, scheduler: Scheduler) -> None:
         if self._swap_nursery is None:
