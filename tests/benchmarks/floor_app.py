@@ -4,7 +4,8 @@
     python tests/benchmarks/floor_app.py --port P forward URL
     python tests/benchmarks/floor_app.py --port P forward-h11 URL
 
-Plain ASGI apps on hypercorn's trio worker, configured as llamaswap configures it:
+Plain ASGI apps on hypercorn's trio worker, with llamaswap's connection handler
+(``llamaswap/_connections.py``: its idle timer) and its keep-alive settings:
 
 * ``constant`` reads the request and answers a fixed small JSON body: what hypercorn alone
   costs per request, before any forwarding;
@@ -36,6 +37,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import llamaswap._connections  # noqa: F401  (installs llamaswap's connection handler)
 from llamaswap.proxy.upstream import UpstreamPool
 
 ANSWER = b'{"id": "floor", "object": "chat.completion", "choices": []}'

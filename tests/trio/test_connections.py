@@ -1,19 +1,29 @@
-"""The idle timer of a connection (``llamaswap._connections.IdleTimer``), on the mock clock.
+"""What llamaswap changes in hypercorn's handler of a connection (``llamaswap._connections``).
 
-hypercorn calls ``restart`` when a connection becomes idle and ``stop`` when a request
-starts; the timer closes the connection after ``TIMEOUT`` idle seconds, or at once when
-the server terminates while it is idle, and never while a request is answered. Its
-process-level behaviour (a kept-alive connection closed after the timeout, one closed
-by its client let go at once) is in ``tests/e2e/test_management_connections.py``.
+The idle timer (``IdleTimer``), on the mock clock: hypercorn calls ``restart`` when a
+connection becomes idle and ``stop`` when a request starts; the timer closes the
+connection after ``TIMEOUT`` idle seconds, or at once when the server terminates while it
+is idle, and never while a request is answered. Its process-level behaviour (a kept-alive
+connection closed after the timeout, one closed by its client let go at once) is in
+``tests/e2e/test_management_connections.py``.
+
+How a request's messages reach the application (``TaskGroup.spawn_app``'s ``app_put``):
+without a checkpoint while the application's queue has room, waiting for room when it is
+full.
 """
 
 from __future__ import annotations
 
+from typing import Any, cast
+
+import hypercorn.config
 import trio
 import trio.testing
+from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.trio.worker_context import EventWrapper
+from hypercorn.typing import HTTPRequestEvent, HTTPScope
 
-from llamaswap._connections import IdleTimer
+from llamaswap._connections import IdleTimer, TaskGroup
 
 TIMEOUT = 75.0
 
@@ -103,3 +113,37 @@ async def test_a_connection_with_nothing_more_to_read_is_not_closed_by_the_timer
     await connection.done.wait()
     assert connection.closed_at is None
     assert trio.current_time() == ended
+
+
+async def test_request_messages_reach_the_application_at_once_while_there_is_room() -> None:
+    config = hypercorn.config.Config()
+    config.max_app_queue_size = 1
+    received: list[Any] = []
+    reading = trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await reading.wait()
+        while (message := await receive())["type"] != "http.disconnect":
+            received.append(message)
+
+    async def send(message: object) -> None:
+        pass
+
+    first: HTTPRequestEvent = {"type": "http.request", "body": b"a", "more_body": True}
+    last: HTTPRequestEvent = {"type": "http.request", "body": b"", "more_body": False}
+    scope = cast(HTTPScope, {"type": "http"})
+    async with TaskGroup() as group:
+        put = await group.spawn_app(ASGIWrapper(app), config, scope, send)
+        with trio.testing.assert_no_checkpoints():
+            await put(first)  # the queue has room
+
+        async def put_the_rest() -> None:
+            await put(last)
+            await put({"type": "http.disconnect"})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(put_the_rest)
+            await trio.testing.wait_all_tasks_blocked()
+            assert received == []  # the queue is full: the rest waits for the application
+            reading.set()
+    assert received == [first, last]
