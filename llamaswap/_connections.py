@@ -36,6 +36,8 @@ import hypercorn.typing
 import trio
 from hypercorn.events import Closed, Event, RawData
 
+from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
+
 __all__ = ["IdleTimer", "TCPServer", "TaskGroup"]
 
 
@@ -91,7 +93,10 @@ class IdleTimer:
 class TaskGroup(hypercorn.trio.task_group.TaskGroup):
     """hypercorn's task group of one connection, whose ``app_put`` (how the request's
     messages reach the application: its body, its end, the client leaving) takes no trip
-    through Trio's scheduler while the application's queue has room."""
+    through Trio's scheduler while the application's queue has room, and calls the
+    functions the application put in the scope's ``CLIENT_LEFT_EXTENSION`` list as it
+    hands over an ``http.disconnect``, so that no task of the application has to wait
+    for that message."""
 
     async def spawn_app(
         self,
@@ -100,16 +105,23 @@ class TaskGroup(hypercorn.trio.task_group.TaskGroup):
         scope: hypercorn.typing.Scope,
         send: Callable[[hypercorn.typing.ASGISendEvent | None], Awaitable[None]],
     ) -> Callable[[hypercorn.typing.ASGIReceiveEvent], Awaitable[None]]:
+        told: list[Callable[[], None]] = []
+        if scope["type"] == "http":
+            scope["extensions"][CLIENT_LEFT_EXTENSION] = told  # type: ignore[assignment]
         put = await super().spawn_app(app, config, scope, send)
         channel = put.__self__  # type: ignore[attr-defined]  # a memory channel's send
         assert isinstance(channel, trio.MemorySendChannel)
-        return partial(_put, channel)
+        return partial(_put, channel, told)
 
 
 async def _put(
     channel: trio.MemorySendChannel[hypercorn.typing.ASGIReceiveEvent],
+    told: list[Callable[[], None]],
     message: hypercorn.typing.ASGIReceiveEvent,
 ) -> None:
+    if message["type"] == "http.disconnect":
+        for function in told:
+            function()
     try:
         channel.send_nowait(message)
     except trio.WouldBlock:

@@ -7,7 +7,9 @@ its response before the body is sent, and a lease held across that gap could lea
 
 Each request runs in a nursery. The request task reads the body itself (before queueing,
 except a large ``/upstream`` upload, which streams through once the model is ready); once
-the body is in, a *watcher* task waits for ``http.disconnect`` and cancels the request.
+the body is in, llamaswap's server calls the request back as its client leaves
+(``CLIENT_LEFT_EXTENSION``), or, under another ASGI server, a *watcher* task waits for
+``http.disconnect``; either cancels the request.
 **A client that disconnects cancels its request wherever it is**: waiting in the queue (it
 leaves the queue), waiting for a load (the load is cancelled if nobody else wants it), or
 streaming (the upstream connection is closed, so the model server sees the disconnect and
@@ -22,7 +24,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from functools import partial
-from typing import final
+from typing import cast, final
 from urllib.parse import quote, unquote_to_bytes
 
 import attrs
@@ -143,14 +145,28 @@ _UPSTREAM_ROUTE = Route(None)
 _WRONG_METHOD = Route(None, wrong_method=True)
 
 
+#: The ASGI scope extension through which llamaswap's server (``llamaswap/_connections.py``)
+#: tells the application that its client has left, the moment it does: a list to which
+#: the application appends functions (that must not raise), called with no argument.
+CLIENT_LEFT_EXTENSION = "llamaswap.client_left"
+
+
+def _client_left_list(scope: HTTPScope) -> list[Callable[[], None]] | None:
+    """The server's ``CLIENT_LEFT_EXTENSION`` list, if it offers one."""
+    extension = (scope.get("extensions") or {}).get(CLIENT_LEFT_EXTENSION)
+    return cast("list[Callable[[], None]] | None", extension)
+
+
 @final
 class _Body:
-    """The request body, read by the request task; then a watcher waits for the client to go.
+    """The request body, read by the request task; then the client's leaving is watched.
 
     hypercorn delivers ``http.disconnect`` after the body's messages, so whoever reads the
     body sees a disconnect first: the request task while it reads (or, for a body streamed
-    through after the grant, ``prefetch`` while the request waits), then, once the body is
-    in, a watcher task started in the request's nursery. Either calls ``on_disconnect``.
+    through after the grant, ``prefetch`` while the request waits). Once the body is in,
+    llamaswap's server calls ``gone`` as the client leaves (``CLIENT_LEFT_EXTENSION``);
+    under another ASGI server (``watch``), a watcher task started in the request's nursery
+    waits for the ``http.disconnect``. Each calls ``on_disconnect``.
     """
 
     def __init__(
@@ -161,11 +177,13 @@ class _Body:
         on_disconnect: Callable[[], None],
         *,
         expected: bool,
+        watch: bool,
     ) -> None:
         self._receive = receive
         self._limit = limit
         self._nursery = nursery
         self._on_disconnect = on_disconnect
+        self._watch_needed = watch
         self._received = 0
         self._buffered: collections.deque[bytes] = collections.deque()
         self.expected = expected  # the request says it has a body
@@ -182,13 +200,14 @@ class _Body:
         while not self.complete:
             message = await self._receive()
             if message["type"] == "http.disconnect":
-                self._gone()
+                self.gone()
                 await trio.lowlevel.checkpoint()  # on_disconnect cancelled us: raise here
                 return None
             if message["type"] == "http.request":
                 if not message.get("more_body", False):
                     self.complete = True
-                    self._nursery.start_soon(self._watch)
+                    if self._watch_needed:
+                        self._nursery.start_soon(self._watch)
                 if chunk := message.get("body", b""):
                     self._received += len(chunk)
                     if self._received > self._limit:
@@ -229,9 +248,9 @@ class _Body:
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        self._gone()
+        self.gone()
 
-    def _gone(self) -> None:
+    def gone(self) -> None:
         self.disconnected = True
         self._on_disconnect()
 
@@ -332,7 +351,13 @@ class Forwarder:
 
             headers = _header_map(scope)
             limit = self._config.max_body_bytes
-            body = _Body(receive, limit, nursery, client_left, expected=_has_body(headers))
+            told = _client_left_list(scope)
+            expected = _has_body(headers)
+            body = _Body(
+                receive, limit, nursery, client_left, expected=expected, watch=told is None
+            )
+            if told is not None:
+                told.append(body.gone)
             reply = _Reply(send, exchange, body)
             try:
                 await self._handle(route, scope, headers, body, reply, exchange)
@@ -346,7 +371,7 @@ class Forwarder:
                 if body.disconnected and not exchange.finished and exchange.error is None:
                     exchange.error = CLIENT_LEFT
                 self._recorder.finish(exchange)
-            if nursery.child_tasks:  # the watcher, if hypercorn has not ended it yet
+            if nursery.child_tasks:  # a watcher, if hypercorn has not ended it yet
                 nursery.cancel_scope.cancel()
 
     async def _report(self, reply: _Reply, error: RequestError, *, messages: bool) -> None:

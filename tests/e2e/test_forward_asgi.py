@@ -2,25 +2,36 @@
 
 The router runs fake processes; the upstream is a real socket (a scripted h11 server), and
 the ASGI ``receive``/``send`` pair plays hypercorn, so a test can do exactly what
-hypercorn does at a chosen moment.
+hypercorn does at a chosen moment. Where it matters, a test plays both servers: another
+ASGI server (the request's watcher task waits for ``http.disconnect``), and hypercorn as
+llamaswap runs it (``_connections.py``), which calls the request's
+``CLIENT_LEFT_EXTENSION`` functions as it hands over the message.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 import trio
 
 from llamaswap.config.model import Config, ModelConfig
 from llamaswap.proxy import UpstreamPool, create_app
+from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
 from llamaswap.router import Router
 from tests.e2e.test_upstream_pool import serve_forever, start_server
 from tests.fakes import FakeProbe, FakeSpawner
 
 
-def http_scope(method: str, path: str) -> dict[str, Any]:
+def http_scope(
+    method: str, path: str, told: list[Callable[[], None]] | None = None
+) -> dict[str, Any]:
+    """An HTTP scope; with ``told``, as llamaswap's server makes it (the list of functions
+    to call as the client leaves)."""
+    extensions: dict[str, Any] = {} if told is None else {CLIENT_LEFT_EXTENSION: told}
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -34,8 +45,25 @@ def http_scope(method: str, path: str) -> dict[str, Any]:
         "headers": [(b"host", b"llamaswap")],
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8080),
-        "extensions": {},
+        "extensions": extensions,
     }
+
+
+#: The servers a test plays: another ASGI server, and hypercorn as llamaswap runs it.
+SERVERS = pytest.mark.parametrize("told", [None, []], ids=["asgi", "llamaswap"])
+
+
+def disconnecting(
+    to_app: trio.MemorySendChannel[dict[str, Any]], told: list[Callable[[], None]] | None
+) -> Callable[[], Awaitable[None]]:
+    """How the server hands the application ``http.disconnect``."""
+
+    async def disconnect() -> None:
+        for function in told or ():
+            function()
+        await to_app.send({"type": "http.disconnect"})
+
+    return disconnect
 
 
 async def start(
@@ -53,8 +81,9 @@ async def start(
     return router, to_app, from_server
 
 
+@SERVERS
 async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
-    nursery: trio.Nursery,
+    nursery: trio.Nursery, told: list[Callable[[], None]] | None
 ) -> None:
     """Once the last byte is out, hypercorn reports the stream closed as ``http.disconnect``
     while it is still inside ``send``, tidying up (its keep-alive timer). That must not
@@ -62,13 +91,14 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     server = await start_server(nursery, serve_forever)
     model = ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)
     router, to_app, from_server = await start(nursery, model)
+    disconnect = disconnecting(to_app, told)
     sent: list[dict[str, Any]] = []
     interrupted: list[str] = []
 
     async def send(message: Any) -> None:
         sent.append(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            await to_app.send({"type": "http.disconnect"})
+            await disconnect()
             try:  # hypercorn's bookkeeping after the last byte: a few checkpoints
                 for _ in range(3):
                     await trio.lowlevel.checkpoint()
@@ -79,7 +109,8 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     async with UpstreamPool() as pool:
         app = create_app(router, pool)
         with trio.fail_after(10):
-            await app(http_scope("GET", "/upstream/m/ping"), from_server.receive, send)  # type: ignore[arg-type]
+            scope = http_scope("GET", "/upstream/m/ping", told)
+            await app(scope, from_server.receive, send)  # type: ignore[arg-type]
     assert [(m["type"], m.get("status")) for m in sent] == [
         ("http.response.start", 200),
         ("http.response.body", None),
@@ -88,17 +119,21 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
     assert interrupted == []
 
 
-async def test_a_finished_request_leaves_no_garbage_cycle(nursery: trio.Nursery) -> None:
+@SERVERS
+async def test_a_finished_request_leaves_no_garbage_cycle(
+    nursery: trio.Nursery, told: list[Callable[[], None]] | None
+) -> None:
     """What a request held (its body, its reply, its exchange, hypercorn's channel) is
     freed by reference counting as soon as it is over: a cycle among them kept all of it
     until the garbage collector found it."""
     server = await start_server(nursery, serve_forever)
     model = ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)
     router, to_app, from_server = await start(nursery, model)
+    disconnect = disconnecting(to_app, told)
 
     async def send(message: Any) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            await to_app.send({"type": "http.disconnect"})
+            await disconnect()
 
     async with UpstreamPool() as pool:
         app = create_app(router, pool)
@@ -106,7 +141,8 @@ async def test_a_finished_request_leaves_no_garbage_cycle(nursery: trio.Nursery)
         gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept, to be named
         try:
             with trio.fail_after(10):
-                await app(http_scope("GET", "/upstream/m/ping"), from_server.receive, send)  # type: ignore[arg-type]
+                scope = http_scope("GET", "/upstream/m/ping", told)
+                await app(scope, from_server.receive, send)  # type: ignore[arg-type]
             gc.collect()
             found = {type(thing).__name__ for thing in gc.garbage}
         finally:

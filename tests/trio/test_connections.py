@@ -21,9 +21,10 @@ import trio
 import trio.testing
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.trio.worker_context import EventWrapper
-from hypercorn.typing import HTTPRequestEvent, HTTPScope
+from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
 from llamaswap._connections import IdleTimer, TaskGroup
+from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
 
 TIMEOUT = 75.0
 
@@ -131,11 +132,13 @@ async def test_request_messages_reach_the_application_at_once_while_there_is_roo
 
     first: HTTPRequestEvent = {"type": "http.request", "body": b"a", "more_body": True}
     last: HTTPRequestEvent = {"type": "http.request", "body": b"", "more_body": False}
-    scope = cast(HTTPScope, {"type": "http"})
+    scope = cast(HTTPScope, {"type": "http", "extensions": {}})
+    told: list[str] = []
     async with TaskGroup() as group:
         put = await group.spawn_app(ASGIWrapper(app), config, scope, send)
         with trio.testing.assert_no_checkpoints():
             await put(first)  # the queue has room
+        scope["extensions"][CLIENT_LEFT_EXTENSION].append(lambda: told.append("left"))  # type: ignore[attr-defined]
 
         async def put_the_rest() -> None:
             await put(last)
@@ -145,5 +148,34 @@ async def test_request_messages_reach_the_application_at_once_while_there_is_roo
             nursery.start_soon(put_the_rest)
             await trio.testing.wait_all_tasks_blocked()
             assert received == []  # the queue is full: the rest waits for the application
+            assert told == []
             reading.set()
     assert received == [first, last]
+    assert told == ["left"]
+
+
+async def test_the_application_is_told_at_once_that_its_client_left() -> None:
+    """Even while its queue is full: nothing of the application waits for the message."""
+    config = hypercorn.config.Config()
+    config.max_app_queue_size = 1
+    scope = cast(HTTPScope, {"type": "http", "extensions": {}})
+    told: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        scope["extensions"][CLIENT_LEFT_EXTENSION].append(lambda: told.append("left"))
+        await trio.sleep_forever()  # reads nothing
+
+    async def send(message: object) -> None:
+        pass
+
+    async with TaskGroup() as group:
+        put = await group.spawn_app(ASGIWrapper(app), config, scope, send)
+        await trio.testing.wait_all_tasks_blocked()
+        await put({"type": "http.request", "body": b"", "more_body": False})
+        async with trio.open_nursery() as nursery:
+            disconnect: HTTPDisconnectEvent = {"type": "http.disconnect"}
+            nursery.start_soon(put, disconnect)
+            await trio.testing.wait_all_tasks_blocked()
+            assert told == ["left"]  # while the message itself waits for room
+            nursery.cancel_scope.cancel()
+        group._nursery.cancel_scope.cancel()  # type: ignore[union-attr]
