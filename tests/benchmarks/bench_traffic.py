@@ -17,7 +17,7 @@ the server's own bookkeeping) therefore delays the next request, as it does in r
 Rows:
 
 * small chat request at concurrency 1: p50 and p99 (a blocking-socket client, each request
-  timed); CPU per request of each proxy process (user + system, ``/proc/PID/stat``);
+  timed); CPU per request of each proxy process (user + system, the scheduler's count);
 * the same with the client alternating direct and proxied requests: how ``bench_proxy.py``
   measured, which hides that after-answer work (see docs/performance.md);
 * concurrency 8: requests/s and p50 (``wrk`` if installed, else 8 client threads);
