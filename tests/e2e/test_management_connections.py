@@ -13,7 +13,8 @@ between the test and the server reuses, closes or re-frames a connection:
   waited for its idle timer; tested in-process, a proxied route's connection too);
 * a client that asks for ``100 Continue`` and then leaves is no error of llamaswap's;
 * ``HEAD`` of a streamed route ends after the headers, so the connection serves the next
-  request.
+  request;
+* at shutdown, a connection waiting for its next request is closed at once.
 
 Every wait is bounded (``trio.fail_after``); the keep-alive test runs a proxy whose timeout
 is ``BOUND`` (as in ``test_client_timeouts.py``) and asserts only a lower bound on it.
@@ -21,6 +22,7 @@ is ``BOUND`` (as in ``test_client_timeouts.py``) and asserts only a lower bound 
 
 from __future__ import annotations
 
+import signal
 from functools import partial
 
 import h11
@@ -33,7 +35,7 @@ from tests.e2e.conftest import BOUND, StartProxy
 from tests.e2e.harness import ProxyProcess
 from tests.e2e.test_client_timeouts import connect, read_to_end
 from tests.e2e.test_live import one_model
-from tests.e2e.test_proxy import config
+from tests.e2e.test_proxy import chat, config
 
 ONE_MODEL = config('[models.m]\ncmd = "${fake}"')
 #: How long a connection that must close may take to close: far less than the 75 s
@@ -217,3 +219,34 @@ async def test_head_of_a_management_route_ends_after_the_headers(
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert headers(head) == headers(get_head)
     assert "Traceback" not in proxy.output.text()
+
+
+async def test_at_shutdown_an_idle_kept_alive_connection_closes_at_once(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """SIGTERM stops accepting, and a connection waiting for its next request is closed
+    then, not at the end of the shutdown, which here waits for a request still streaming
+    on another connection (``unloadTimeout``, 20 s)."""
+    proxy = await proxy_factory(
+        config('[models.slow]\ncmd = "${fake} --tokens-per-second 10"', unloadTimeout=20)
+    )
+    streaming = trio.Event()
+
+    async def stream_for_a_minute() -> None:
+        async with proxy.client() as client:
+            body = chat("slow", stream=True, max_tokens=600)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                async for _ in stream.aiter_raw():
+                    streaming.set()
+
+    with trio.fail_after(30):
+        nursery.start_soon(stream_for_a_minute)
+        await streaming.wait()
+    async with await connect(proxy) as idle:
+        with trio.fail_after(PROMPTLY):
+            await idle.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            rest = await read_health(idle)
+            proxy.process.send_signal(signal.SIGTERM)
+            rest += await read_to_end(idle)
+        assert proxy.process.returncode is None  # still shutting down: the stream goes on
+    assert rest == b""
