@@ -20,9 +20,9 @@ first point; the others make a small request more than a quarter cheaper
   acquire a free lock, and one more for the empty write that ends an answer of known
   length; handing a request's messages to the application took one each, even when its
   queue had room. Each trip is a pass of Trio's run loop (about 40 k instructions);
-* **the application is told the moment its client leaves**: the functions a request puts
-  in the scope's ``llamaswap.client_left`` list (``CLIENT_LEFT_EXTENSION``) are called as
-  its ``http.disconnect`` is handed over, so that no task has to wait for that message.
+* **the application is told the moment its client leaves**: the request's
+  ``llamaswap.client_left`` scope extension (``ClientLeft``) is called as its
+  ``http.disconnect`` is handed over, so that no task has to wait for that message.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import hypercorn.typing
 import trio
 from hypercorn.events import Closed, Event, RawData
 
-from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
+from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
 
 __all__ = ["IdleTimer", "TCPServer", "TaskGroup"]
 
@@ -97,10 +97,10 @@ class IdleTimer:
 class TaskGroup(hypercorn.trio.task_group.TaskGroup):
     """hypercorn's task group of one connection, whose ``app_put`` (how the request's
     messages reach the application: its body, its end, the client leaving) takes no trip
-    through Trio's scheduler while the application's queue has room, and calls the
-    functions the application put in the scope's ``CLIENT_LEFT_EXTENSION`` list as it
-    hands over an ``http.disconnect``, so that no task of the application has to wait
-    for that message."""
+    through Trio's scheduler while the application's queue has room, and which calls the
+    request's ``ClientLeft`` (the scope's ``CLIENT_LEFT_EXTENSION``) as it hands over an
+    ``http.disconnect``, so that no task of the application has to wait for that
+    message."""
 
     async def spawn_app(
         self,
@@ -109,7 +109,7 @@ class TaskGroup(hypercorn.trio.task_group.TaskGroup):
         scope: hypercorn.typing.Scope,
         send: Callable[[hypercorn.typing.ASGISendEvent | None], Awaitable[None]],
     ) -> Callable[[hypercorn.typing.ASGIReceiveEvent], Awaitable[None]]:
-        told: list[Callable[[], None]] = []
+        told = ClientLeft()
         if scope["type"] == "http":
             scope["extensions"][CLIENT_LEFT_EXTENSION] = told  # type: ignore[assignment]
         put = await super().spawn_app(app, config, scope, send)
@@ -120,12 +120,11 @@ class TaskGroup(hypercorn.trio.task_group.TaskGroup):
 
 async def _put(
     channel: trio.MemorySendChannel[hypercorn.typing.ASGIReceiveEvent],
-    told: list[Callable[[], None]],
+    told: ClientLeft,
     message: hypercorn.typing.ASGIReceiveEvent,
 ) -> None:
     if message["type"] == "http.disconnect":
-        for function in told:
-            function()
+        told()
     try:
         channel.send_nowait(message)
     except trio.WouldBlock:

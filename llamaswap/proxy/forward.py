@@ -146,15 +146,40 @@ _WRONG_METHOD = Route(None, wrong_method=True)
 
 
 #: The ASGI scope extension through which llamaswap's server (``llamaswap/_connections.py``)
-#: tells the application that its client has left, the moment it does: a list to which
-#: the application appends functions (that must not raise), called with no argument.
+#: tells the application that its client has left, the moment it does: a ``ClientLeft``.
 CLIENT_LEFT_EXTENSION = "llamaswap.client_left"
 
 
-def _client_left_list(scope: HTTPScope) -> list[Callable[[], None]] | None:
-    """The server's ``CLIENT_LEFT_EXTENSION`` list, if it offers one."""
+@final
+class ClientLeft:
+    """A request's ``CLIENT_LEFT_EXTENSION``. The server calls it as it hands the
+    application the request's ``http.disconnect`` (the client left, or the response is
+    over); the application names what to call then with ``on_leave``, which calls it at
+    once if that has happened already (before the application's task first ran)."""
+
+    __slots__ = ("_functions", "left")
+
+    def __init__(self) -> None:
+        self.left = False
+        self._functions: list[Callable[[], None]] = []
+
+    def on_leave(self, function: Callable[[], None]) -> None:
+        """Call ``function`` (which must not raise) when the client leaves."""
+        if self.left:
+            function()
+        else:
+            self._functions.append(function)
+
+    def __call__(self) -> None:
+        self.left = True
+        for function in self._functions:
+            function()
+
+
+def _client_left(scope: HTTPScope) -> ClientLeft | None:
+    """The server's ``CLIENT_LEFT_EXTENSION``, if it offers one."""
     extension = (scope.get("extensions") or {}).get(CLIENT_LEFT_EXTENSION)
-    return cast("list[Callable[[], None]] | None", extension)
+    return cast("ClientLeft | None", extension)
 
 
 @final
@@ -351,13 +376,13 @@ class Forwarder:
 
             headers = _header_map(scope)
             limit = self._config.max_body_bytes
-            told = _client_left_list(scope)
+            told = _client_left(scope)
             expected = _has_body(headers)
             body = _Body(
                 receive, limit, nursery, client_left, expected=expected, watch=told is None
             )
             if told is not None:
-                told.append(body.gone)
+                told.on_leave(body.gone)
             reply = _Reply(send, exchange, body)
             try:
                 await self._handle(route, scope, headers, body, reply, exchange)

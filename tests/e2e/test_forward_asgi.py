@@ -4,8 +4,8 @@ The router runs fake processes; the upstream is a real socket (a scripted h11 se
 the ASGI ``receive``/``send`` pair plays hypercorn, so a test can do exactly what
 hypercorn does at a chosen moment. Where it matters, a test plays both servers: another
 ASGI server (the request's watcher task waits for ``http.disconnect``), and hypercorn as
-llamaswap runs it (``_connections.py``), which calls the request's
-``CLIENT_LEFT_EXTENSION`` functions as it hands over the message.
+llamaswap runs it (``_connections.py``), which calls the request's ``ClientLeft`` (its
+``CLIENT_LEFT_EXTENSION``) as it hands over the message.
 """
 
 from __future__ import annotations
@@ -20,17 +20,14 @@ import trio
 
 from llamaswap.config.model import Config, ModelConfig
 from llamaswap.proxy import UpstreamPool, create_app
-from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
+from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
 from llamaswap.router import Router
 from tests.e2e.test_upstream_pool import serve_forever, start_server
 from tests.fakes import FakeProbe, FakeSpawner
 
 
-def http_scope(
-    method: str, path: str, told: list[Callable[[], None]] | None = None
-) -> dict[str, Any]:
-    """An HTTP scope; with ``told``, as llamaswap's server makes it (the list of functions
-    to call as the client leaves)."""
+def http_scope(method: str, path: str, told: ClientLeft | None = None) -> dict[str, Any]:
+    """An HTTP scope; with ``told``, as llamaswap's server makes it."""
     extensions: dict[str, Any] = {} if told is None else {CLIENT_LEFT_EXTENSION: told}
     return {
         "type": "http",
@@ -50,17 +47,22 @@ def http_scope(
 
 
 #: The servers a test plays: another ASGI server, and hypercorn as llamaswap runs it.
-SERVERS = pytest.mark.parametrize("told", [None, []], ids=["asgi", "llamaswap"])
+SERVERS = pytest.mark.parametrize("server", ["asgi", "llamaswap"])
+
+
+def told_by(server: str) -> ClientLeft | None:
+    """The request's ``ClientLeft``, if ``server`` offers one."""
+    return ClientLeft() if server == "llamaswap" else None
 
 
 def disconnecting(
-    to_app: trio.MemorySendChannel[dict[str, Any]], told: list[Callable[[], None]] | None
+    to_app: trio.MemorySendChannel[dict[str, Any]], told: ClientLeft | None
 ) -> Callable[[], Awaitable[None]]:
     """How the server hands the application ``http.disconnect``."""
 
     async def disconnect() -> None:
-        for function in told or ():
-            function()
+        if told is not None:
+            told()
         await to_app.send({"type": "http.disconnect"})
 
     return disconnect
@@ -83,13 +85,14 @@ async def start(
 
 @SERVERS
 async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
-    nursery: trio.Nursery, told: list[Callable[[], None]] | None
+    nursery: trio.Nursery, server: str
 ) -> None:
     """Once the last byte is out, hypercorn reports the stream closed as ``http.disconnect``
     while it is still inside ``send``, tidying up (its keep-alive timer). That must not
     cancel the request task there: it is not a client leaving."""
-    server = await start_server(nursery, serve_forever)
-    model = ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)
+    told = told_by(server)
+    upstream = await start_server(nursery, serve_forever)
+    model = ModelConfig(cmd=("server", upstream.url.rsplit(":", 1)[1]), proxy=upstream.url)
     router, to_app, from_server = await start(nursery, model)
     disconnect = disconnecting(to_app, told)
     sent: list[dict[str, Any]] = []
@@ -121,13 +124,14 @@ async def test_the_end_of_a_response_is_not_taken_for_a_client_leaving(
 
 @SERVERS
 async def test_a_finished_request_leaves_no_garbage_cycle(
-    nursery: trio.Nursery, told: list[Callable[[], None]] | None
+    nursery: trio.Nursery, server: str
 ) -> None:
     """What a request held (its body, its reply, its exchange, hypercorn's channel) is
     freed by reference counting as soon as it is over: a cycle among them kept all of it
     until the garbage collector found it."""
-    server = await start_server(nursery, serve_forever)
-    model = ModelConfig(cmd=("server", server.url.rsplit(":", 1)[1]), proxy=server.url)
+    told = told_by(server)
+    upstream = await start_server(nursery, serve_forever)
+    model = ModelConfig(cmd=("server", upstream.url.rsplit(":", 1)[1]), proxy=upstream.url)
     router, to_app, from_server = await start(nursery, model)
     disconnect = disconnecting(to_app, told)
 
@@ -179,3 +183,27 @@ async def test_a_fault_in_a_management_route_is_a_json_500_of_llamaswaps(
     assert error["message"] == (
         "internal error in llamaswap (GET /api/boom); see its log for the traceback"
     )
+
+
+@SERVERS
+async def test_a_client_that_left_before_the_application_ran_is_noticed(
+    nursery: trio.Nursery, server: str
+) -> None:
+    """The whole request came, then the client left, all before the application's task
+    first ran (a busy proxy): the request must not be served."""
+    told = told_by(server)
+    upstream = await start_server(nursery, serve_forever)
+    model = ModelConfig(cmd=("server", upstream.url.rsplit(":", 1)[1]), proxy=upstream.url)
+    router, to_app, from_server = await start(nursery, model)
+    await disconnecting(to_app, told)()
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async with UpstreamPool() as pool:
+        app = create_app(router, pool)
+        with trio.fail_after(10):
+            scope = http_scope("GET", "/upstream/m/ping", told)
+            await app(scope, from_server.receive, send)  # type: ignore[arg-type]
+    assert sent == []

@@ -138,7 +138,7 @@ async def test_request_messages_reach_the_application_at_once_while_there_is_roo
         put = await group.spawn_app(ASGIWrapper(app), config, scope, send)
         with trio.testing.assert_no_checkpoints():
             await put(first)  # the queue has room
-        scope["extensions"][CLIENT_LEFT_EXTENSION].append(lambda: told.append("left"))  # type: ignore[attr-defined]
+        scope["extensions"][CLIENT_LEFT_EXTENSION].on_leave(lambda: told.append("left"))  # type: ignore[attr-defined]
 
         async def put_the_rest() -> None:
             await put(last)
@@ -162,7 +162,7 @@ async def test_the_application_is_told_at_once_that_its_client_left() -> None:
     told: list[str] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        scope["extensions"][CLIENT_LEFT_EXTENSION].append(lambda: told.append("left"))
+        scope["extensions"][CLIENT_LEFT_EXTENSION].on_leave(lambda: told.append("left"))
         await trio.sleep_forever()  # reads nothing
 
     async def send(message: object) -> None:
@@ -178,4 +178,7 @@ async def test_the_application_is_told_at_once_that_its_client_left() -> None:
             await trio.testing.wait_all_tasks_blocked()
             assert told == ["left"]  # while the message itself waits for room
             nursery.cancel_scope.cancel()
+        # What the application asks to be told of afterwards is told at once.
+        scope["extensions"][CLIENT_LEFT_EXTENSION].on_leave(lambda: told.append("late"))  # type: ignore[attr-defined]
+        assert told == ["left", "late"]
         group._nursery.cancel_scope.cancel()  # type: ignore[union-attr]
