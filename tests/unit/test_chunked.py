@@ -53,7 +53,7 @@ def encode(chunks: list[bytes], rng: random.Random) -> bytes:
     for chunk in chunks:
         size = f"{len(chunk):x}"
         size = size.upper() if rng.random() < 0.3 else size
-        extension = rng.choice([b"", b";name=value", b';a="b;c"', b"  "])
+        extension = rng.choice([b"", b"", b"", b";name=value", b';a="b;c"', b"  "])
         out.append(size.encode() + extension + b"\r\n" + chunk + b"\r\n")
     trailer = rng.choice([b"", b"checksum: abc\r\n", b"a: 1\r\nb: 2\r\n"])
     return b"".join(out) + b"0\r\n" + trailer + b"\r\n"
@@ -79,11 +79,12 @@ def test_data_is_passed_on_before_its_chunk_is_complete() -> None:
     assert decoder.done
 
 
-def test_bytes_after_the_body_are_kept_as_leftover() -> None:
-    data, decoder = via_ours([b"3\r\nabc\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n"])
+@pytest.mark.parametrize("after", [b"HTTP/1.1 200 OK\r\n", b"5\r\nabcde\r\n"])
+def test_bytes_after_the_body_are_kept_as_leftover(after: bytes) -> None:
+    data, decoder = via_ours([b"3\r\nabc\r\n0\r\n\r\n" + after])
     assert data == b"abc"
     assert decoder.done
-    assert decoder.leftover == b"HTTP/1.1 200 OK\r\n"
+    assert decoder.leftover == after
 
 
 @pytest.mark.parametrize(
