@@ -10,13 +10,21 @@ connection closed after the timeout, one closed by its client let go at once) is
 How a request's messages reach the application (``TaskGroup.spawn_app``'s ``app_put``):
 without a checkpoint while the application's queue has room, waiting for room when it is
 full.
+
+How an answer is written (``TCPServer.protocol_send``, with ``send_now``, which the
+upstream pool's writes use too): what the kernel takes at once goes without a checkpoint,
+and the rest waits for the client to read, on real sockets and the real clock.
 """
 
 from __future__ import annotations
 
+import socket
+from functools import partial
 from typing import Any, cast
 
 import hypercorn.config
+import hypercorn.trio
+import pytest
 import trio
 import trio.testing
 from hypercorn.app_wrappers import ASGIWrapper
@@ -25,6 +33,7 @@ from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
 from llamaswap._connections import IdleTimer, TaskGroup
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
+from llamaswap.proxy.upstream import send_now
 
 TIMEOUT = 75.0
 
@@ -182,3 +191,88 @@ async def test_the_application_is_told_at_once_that_its_client_left() -> None:
         scope["extensions"][CLIENT_LEFT_EXTENSION].on_leave(lambda: told.append("late"))  # type: ignore[attr-defined]
         assert told == ["left", "late"]
         group._nursery.cancel_scope.cancel()  # type: ignore[union-attr]
+
+
+async def test_what_the_kernel_takes_at_once_is_sent_without_a_checkpoint() -> None:
+    with trio.fail_after(10):
+        a, b = trio.socket.socketpair()
+        with a, b:
+            with trio.testing.assert_no_checkpoints():
+                assert send_now(a, b"hello") == 5
+            assert await b.recv(10) == b"hello"
+
+
+async def test_a_full_buffer_takes_a_part_then_nothing() -> None:
+    with trio.fail_after(10):
+        a, b = trio.socket.socketpair()
+        with a, b:
+            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            data = bytes(range(256)) * 4096  # 1 MiB: more than both buffers hold
+            taken = send_now(a, data)
+            assert 0 < taken < len(data)
+            assert send_now(a, data[taken:]) == 0  # full: the caller's Trio send waits
+            received = bytearray()
+
+            async def read_all() -> None:
+                while len(received) < len(data):
+                    received.extend(await b.recv(65536))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_all)
+                view = memoryview(data)[taken:]
+                while view:
+                    view = view[send_now(a, view) or await a.send(view) :]
+            assert received == data
+
+
+async def test_a_closed_socket_takes_nothing_and_a_gone_peer_raises() -> None:
+    a, b = trio.socket.socketpair()
+    a.close()
+    assert send_now(a, b"x") == 0  # never a descriptor number reused meanwhile
+    b.close()
+    c, d = trio.socket.socketpair()
+    with c:
+        d.close()
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            send_now(c, b"x")
+
+
+async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_late() -> None:
+    """llamaswap's handler writes what the kernel takes, then waits for the client to read
+    the rest: the answer arrives whole and in order, and the connection serves the next."""
+    body = bytes(range(256)) * (16 * 4096)  # 16 MiB
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            return
+        await receive()
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    config = hypercorn.config.Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn.trio.serve, app, config))
+            port = int(binds[0].rsplit(":", 1)[1])
+            client = trio.socket.socket()
+            with client:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                await client.connect(("127.0.0.1", port))
+                for _ in range(2):
+                    await client.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                    await trio.testing.wait_all_tasks_blocked()  # the server waits to write
+                    received = bytearray()
+                    while b"\r\n\r\n" not in received:
+                        received.extend(await client.recv(65536))
+                    head, _, rest = bytes(received).partition(b"\r\n\r\n")
+                    assert head.startswith(b"HTTP/1.1 200")
+                    received = bytearray(rest)
+                    while len(received) < len(body):
+                        received.extend(await client.recv(1 << 20))
+                    assert received == body
+            nursery.cancel_scope.cancel()
