@@ -147,26 +147,28 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
 
     async def protocol_send(self, event: Event) -> None:
         """hypercorn's, without trips through Trio's scheduler that wait for nothing: the
-        send lock's when it is free (it only keeps two writers' bytes apart), the empty
-        write that ends an answer of known length, and the write itself when the kernel
-        takes it all at once (``send_now``; Trio waits only for what it did not take)."""
+        empty write that ends an answer of known length, and the write itself when the
+        kernel takes it all at once (``send_now``; Trio waits only for what it did not
+        take). The send lock (it keeps two writers' bytes apart) is taken only to wait."""
         if not isinstance(event, RawData) or self.send_lock.locked():
             await super().protocol_send(event)
             return
         data = event.data
         if not data:
             return
-        self.send_lock.acquire_nowait()
+        stream: trio.abc.Stream = self.stream  # hypercorn types it as TLS only
         try:
-            stream: trio.abc.Stream = self.stream  # hypercorn types it as TLS only
             sent = send_now(stream.socket, data) if isinstance(stream, trio.SocketStream) else 0
-            if sent < len(data):
+            if sent == len(data):
+                return
+            self.send_lock.acquire_nowait()
+            try:
                 with trio.CancelScope(shield=True):
                     await stream.send_all(memoryview(data)[sent:])
+            finally:
+                self.send_lock.release()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             await self.protocol.handle(Closed())
-        finally:
-            self.send_lock.release()
 
     async def _read_data(self) -> None:
         timer: IdleTimer = self.idle_task  # type: ignore[assignment]

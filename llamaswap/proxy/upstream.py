@@ -145,8 +145,19 @@ class _Connection:
             view = view[sent:]
 
     async def receive(self) -> bytes:
-        """What has arrived (at least one byte), or b"" at the end of the stream."""
-        return bytes(await self.stream.receive_some(_READ))
+        """What has arrived (at least one byte), or b"" at the end of the stream. Always a
+        checkpoint: a relay's loop writes without one (``send_now``)."""
+        if self.stream is not self._tcp:
+            return bytes(await self.stream.receive_some(_READ))
+        # trio's SocketStream.receive_some without its layers: a stream reads once a token.
+        socket = self._tcp.socket
+        if (data := receive_now(socket)) is not None:
+            await trio.lowlevel.checkpoint()
+            return data
+        while True:
+            await trio.lowlevel.wait_readable(socket)
+            if (data := receive_now(socket)) is not None:
+                return data
 
     async def next_event(self) -> h11.Event:
         while (event := self.h11.next_event()) is h11.NEED_DATA:
@@ -203,6 +214,18 @@ def send_now(socket: trio.socket.SocketType, data: bytes | memoryview) -> int:
         return os.write(fd, data)
     except BlockingIOError:
         return 0
+
+
+def receive_now(socket: trio.socket.SocketType) -> bytes | None:
+    """What has arrived (up to ``_READ`` bytes; b"" at the end of the stream), or None if
+    nothing has yet. Not a checkpoint. Raises OSError, or ClosedResourceError if closed."""
+    fd = socket.fileno()
+    if fd < 0:
+        raise trio.ClosedResourceError("the socket was closed")
+    try:
+        return os.read(fd, _READ)
+    except BlockingIOError:
+        return None
 
 
 def _h11_client() -> h11.Connection:

@@ -13,7 +13,8 @@ full.
 
 How an answer is written (``TCPServer.protocol_send``, with ``send_now``, which the
 upstream pool's writes use too): what the kernel takes at once goes without a checkpoint,
-and the rest waits for the client to read, on real sockets and the real clock.
+and the rest waits for the client to read, on real sockets and the real clock. The upstream
+pool's reads (``receive_now``) stay checkpoints, so that a relay's loop always has one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
 from llamaswap._connections import IdleTimer, TaskGroup
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
-from llamaswap.proxy.upstream import send_now
+from llamaswap.proxy.upstream import _Connection, receive_now, send_now
 
 TIMEOUT = 75.0
 
@@ -276,3 +277,33 @@ async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_lat
                         received.extend(await client.recv(1 << 20))
                     assert received == body
             nursery.cancel_scope.cancel()
+
+
+async def test_a_read_takes_what_has_arrived_and_says_when_nothing_has() -> None:
+    with trio.fail_after(10):
+        a, b = trio.socket.socketpair()
+        with a, b:
+            with trio.testing.assert_no_checkpoints():
+                assert receive_now(b) is None
+                assert send_now(a, b"hello") == 5
+                assert receive_now(b) == b"hello"
+            a.close()
+            assert receive_now(b) == b""  # the end of the stream
+        with pytest.raises(trio.ClosedResourceError):
+            receive_now(b)
+
+
+async def test_the_upstream_pools_read_is_a_checkpoint_even_when_data_is_there() -> None:
+    with trio.fail_after(10):
+        a, b = trio.socket.socketpair()
+        with a:
+            stream = trio.SocketStream(b)
+            connection = _Connection(stream, stream)
+            await a.send(b"ready")
+            with trio.testing.assert_checkpoints():
+                assert await connection.receive() == b"ready"
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a.send, b"later")
+                with trio.testing.assert_checkpoints():
+                    assert await connection.receive() == b"later"
+            connection.close()
