@@ -24,6 +24,8 @@ Rows:
 * a 200 KB and a 2 MB chat body: added time (p50) and CPU per request;
 * an 850 KB embeddings answer (40 inputs), whose ``usage`` comes at its end: the same;
 * a stream of 5 000 SSE chunks sent as fast as the upstream can: chunks/s;
+* a stream at a model's pace (1 000 chunks, 1 ms apart): CPU per chunk, each chunk relayed
+  on its own, which is what a token stream costs the proxy;
 * RSS idle, and per request waiting in the queue (1 000 waiting behind a busy model).
 
 In the small-request rows more columns show the floor under llamaswap on its stack
@@ -95,8 +97,9 @@ TARGETS = {
 }
 
 
-def chat(size: int = 0, *, stream: bool = False, tokens: int = 8) -> bytes:
-    """A chat request for model ``fast``, padded to about ``size`` bytes of messages."""
+def chat(size: int = 0, *, stream: bool = False, tokens: int = 8, interval_ms: float = 0) -> bytes:
+    """A chat request for model ``fast``, padded to about ``size`` bytes of messages;
+    ``interval_ms``: the upstream's pause between a stream's chunks."""
     sentence = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod. "
     messages = [{"role": "user", "content": "hello"}]
     while size > 0:
@@ -106,6 +109,8 @@ def chat(size: int = 0, *, stream: bool = False, tokens: int = 8) -> bytes:
     document = {"model": "fast", "max_tokens": tokens, "messages": messages}
     if stream:
         document["stream"] = True
+    if interval_ms:
+        document["interval_ms"] = interval_ms
     return json.dumps(document).encode()
 
 
@@ -247,9 +252,11 @@ def alternating(direct: Target, proxied: Target, key: str, rounds: int) -> None:
         client.close()
 
 
-def stream_rate(targets: list[Target], chunks: int, runs: int) -> dict[str, float]:
+def stream_rate(
+    targets: list[Target], chunks: int, runs: int, interval_ms: float = 0
+) -> dict[str, float]:
     """Chunks per second of one stream of ``chunks`` SSE events (median over ``runs``)."""
-    body = chat(stream=True, tokens=chunks)
+    body = chat(stream=True, tokens=chunks, interval_ms=interval_ms)
     rates: dict[str, list[float]] = {t.name: [] for t in targets}
     for run in range(runs):
         shift = run % len(targets)
@@ -475,6 +482,12 @@ async def run(other: Path | None, quick: bool) -> None:
                 t.cpu, t.served = 0.0, 0
             return cells
 
+        def per_chunk(chunks: int) -> dict[str, str]:
+            cells = {t.name: f"{t.cpu_us() / chunks:.1f} µs" for t in targets if t.pid}
+            for t in targets:
+                t.cpu, t.served = 0.0, 0
+            return cells
+
         blocks, per_block = (6, 100) if quick else (20, 250)
         small = targets + floors
         await trio.to_thread.run_sync(timed_blocks, small, "small", chat(), blocks, per_block)
@@ -508,9 +521,11 @@ async def run(other: Path | None, quick: bool) -> None:
         rates = await trio.to_thread.run_sync(stream_rate, targets, chunks, 3 if quick else 7)
         label = f"stream of {chunks} chunks, chunks/s (share)"
         table.append(row(label, shares(rates), "stream chunks/s"))
-        table.append(row("stream, CPU per chunk", {
-            t.name: f"{t.cpu / t.served / chunks * 1e6:.1f} µs" for t in targets if t.pid
-        }))  # fmt: skip
+        table.append(row("stream, CPU per chunk", per_chunk(chunks)))
+        # A model's pace: every chunk arrives alone, so each costs a whole relay.
+        paced, interval = (300, 3) if quick else (1000, 5)
+        await trio.to_thread.run_sync(stream_rate, targets, paced, interval, 1.0)
+        table.append(row("stream at 1 chunk/ms, CPU per chunk", per_chunk(paced)))
         table.append(row("RSS idle", {
             t.name: f"{idle[t.name]:.1f} MB" if t.name in idle else "" for t in targets
         }, "RSS idle"))  # fmt: skip

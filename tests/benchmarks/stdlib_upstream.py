@@ -11,7 +11,8 @@ proxy's own server side.
 * ``POST /v1/chat/completions``: reads the whole body (of any size), then answers a small
   JSON completion with ``usage``; with ``"stream": true``, ``max_tokens`` SSE chunks,
   each in its own socket write (as llama-server sends each token) as fast as the socket
-  takes them, then a chunk with ``usage`` and ``data: [DONE]``;
+  takes them, or ``interval_ms`` apart if the request says so (a model's pace), then a
+  chunk with ``usage`` and ``data: [DONE]``;
 * ``POST /v1/embeddings``: whatever the request, 40 embeddings of 1024 numbers (about
   850 KB of JSON) and ``usage`` at the end, as a batch of a RAG indexing job gets.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ANSWER = json.dumps(
@@ -83,7 +85,9 @@ class Handler(BaseHTTPRequestHandler):
         if b'"stream":true' not in body.replace(b" ", b"")[:4096]:
             self._answer(200, ANSWER)
             return
-        count = int(json.loads(body).get("max_tokens", 16))
+        document = json.loads(body)
+        count = int(document.get("max_tokens", 16))
+        interval = float(document.get("interval_ms", 0)) / 1000
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
@@ -93,6 +97,8 @@ class Handler(BaseHTTPRequestHandler):
         send = self.connection.sendall
         for _ in range(count):
             send(framed)
+            if interval:
+                time.sleep(interval)
         last = LAST % count
         send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
 
