@@ -149,7 +149,8 @@ class _Connection:
         checkpoint: a relay's loop writes without one (``send_now``)."""
         if self.stream is not self._tcp:
             return bytes(await self.stream.receive_some(_READ))
-        # trio's SocketStream.receive_some without its layers: a stream reads once a token.
+        # trio's SocketStream.receive_some without its layers: a token stream reads once
+        # per token.
         socket = self._tcp.socket
         if (data := receive_now(socket)) is not None:
             await trio.lowlevel.checkpoint()
@@ -244,11 +245,11 @@ class _Chunked:
 
     h11 turns every chunk into an event through its state machine: about 7 µs of CPU per
     chunk, while a token stream is thousands of small chunks (this decoder: about 0.4 µs
-    per chunk of a stream read many at a time, docs/performance.md). h11 still parses
-    the head; what it had read beyond the head is
-    where this decoder starts. Chunk data is passed on as it arrives, however large the
-    chunk; a chunk-size line or trailer line longer than ``_MAX_LINE`` is a protocol error,
-    as h11's limit makes it. Trailer fields are read and dropped (the proxy relays none).
+    per chunk when a read holds many, docs/performance.md). h11 still parses the head;
+    what it had read beyond the head is where this decoder starts. Chunk data is passed
+    on as it arrives, however large the chunk; a chunk-size line or trailer line longer
+    than ``_MAX_LINE`` is a protocol error, as h11's limit makes it. Trailer fields are
+    read and dropped (the proxy relays none).
     """
 
     def __init__(self) -> None:
