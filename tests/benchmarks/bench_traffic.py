@@ -523,8 +523,8 @@ async def run(other: Path | None, quick: bool) -> None:
         table.append(row(label, shares(rates), "stream chunks/s"))
         table.append(row("stream, CPU per chunk", per_chunk(chunks)))
         # A model's pace: every chunk arrives alone, so each costs a whole relay.
-        paced, interval = (300, 3) if quick else (1000, 5)
-        await trio.to_thread.run_sync(stream_rate, targets, paced, interval, 1.0)
+        paced, runs = (300, 3) if quick else (1000, 5)
+        await trio.to_thread.run_sync(stream_rate, targets, paced, runs, 1.0)
         table.append(row("stream at 1 chunk/ms, CPU per chunk", per_chunk(paced)))
         table.append(row("RSS idle", {
             t.name: f"{idle[t.name]:.1f} MB" if t.name in idle else "" for t in targets
