@@ -280,17 +280,16 @@ async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_lat
 
 
 async def test_a_read_takes_what_has_arrived_and_says_when_nothing_has() -> None:
-    with trio.fail_after(10):
-        a, b = trio.socket.socketpair()
-        with a, b:
-            with trio.testing.assert_no_checkpoints():
-                assert receive_now(b) is None
-                assert send_now(a, b"hello") == 5
-                assert receive_now(b) == b"hello"
-            a.close()
-            assert receive_now(b) == b""  # the end of the stream
-        with pytest.raises(trio.ClosedResourceError):
-            receive_now(b)
+    a, b = trio.socket.socketpair()
+    with a, b:
+        with trio.testing.assert_no_checkpoints():
+            assert receive_now(b) is None
+            assert send_now(a, b"hello") == 5
+            assert receive_now(b) == b"hello"
+        a.close()
+        assert receive_now(b) == b""  # the end of the stream
+    with pytest.raises(trio.ClosedResourceError):
+        receive_now(b)
 
 
 async def test_the_upstream_pools_read_is_a_checkpoint_even_when_data_is_there() -> None:
