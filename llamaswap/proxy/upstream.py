@@ -149,11 +149,13 @@ class _Connection:
         checkpoint: a relay's loop writes without one (``send_now``)."""
         if self.stream is not self._tcp:
             return bytes(await self.stream.receive_some(_READ))
-        # trio's SocketStream.receive_some without its layers: a token stream reads once
-        # per token.
+        # trio's SocketStream.receive_some without its layers (a token stream reads once
+        # per token), and its checkpoints: a cancelled read takes nothing, and what a read
+        # took is returned, never lost to a cancellation.
         socket = self._tcp.socket
+        await trio.lowlevel.checkpoint_if_cancelled()
         if (data := receive_now(socket)) is not None:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return data
         while True:
             await trio.lowlevel.wait_readable(socket)

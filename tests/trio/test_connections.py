@@ -292,13 +292,17 @@ async def test_a_read_takes_what_has_arrived_and_says_when_nothing_has() -> None
         receive_now(b)
 
 
-async def test_the_upstream_pools_read_is_a_checkpoint_even_when_data_is_there() -> None:
+async def test_the_upstream_pools_read_is_a_checkpoint_and_a_cancelled_one_takes_nothing() -> None:
     with trio.fail_after(10):
         a, b = trio.socket.socketpair()
         with a:
             stream = trio.SocketStream(b)
             connection = _Connection(stream, stream)
             await a.send(b"ready")
+            with trio.CancelScope() as cancelled:
+                cancelled.cancel()
+                await connection.receive()  # raises Cancelled, taking nothing
+            assert cancelled.cancelled_caught
             with trio.testing.assert_checkpoints():
                 assert await connection.receive() == b"ready"
             async with trio.open_nursery() as nursery:
