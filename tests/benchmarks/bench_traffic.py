@@ -475,16 +475,12 @@ async def run(other: Path | None, quick: bool) -> None:
                 cells[t.name] = f"{value:.3f} ms" if t is direct else f"+{value - base:.3f} ms"
             return cells
 
-        def cpu() -> dict[str, str]:
+        def cpu(chunks: int = 0) -> dict[str, str]:
+            """CPU per request since the last call, or per chunk of its ``chunks``."""
             measured = [t for t in targets + floors if t.pid is not None and t.served]
-            cells = {t.name: f"{t.cpu_us():.0f} µs" for t in measured}
+            per = f"{{:.{1 if chunks else 0}f}} µs"
+            cells = {t.name: per.format(t.cpu_us() / (chunks or 1)) for t in measured}
             for t in measured:
-                t.cpu, t.served = 0.0, 0
-            return cells
-
-        def per_chunk(chunks: int) -> dict[str, str]:
-            cells = {t.name: f"{t.cpu_us() / chunks:.1f} µs" for t in targets if t.pid}
-            for t in targets:
                 t.cpu, t.served = 0.0, 0
             return cells
 
@@ -521,11 +517,11 @@ async def run(other: Path | None, quick: bool) -> None:
         rates = await trio.to_thread.run_sync(stream_rate, targets, chunks, 3 if quick else 7)
         label = f"stream of {chunks} chunks, chunks/s (share)"
         table.append(row(label, shares(rates), "stream chunks/s"))
-        table.append(row("stream, CPU per chunk", per_chunk(chunks)))
+        table.append(row("stream, CPU per chunk", cpu(chunks)))
         # A model's pace: every chunk arrives alone, so each costs a whole relay.
         paced, runs = (300, 3) if quick else (1000, 5)
         await trio.to_thread.run_sync(stream_rate, targets, paced, runs, 1.0)
-        table.append(row("stream at 1 chunk/ms, CPU per chunk", per_chunk(paced)))
+        table.append(row("stream at 1 chunk/ms, CPU per chunk", cpu(paced)))
         table.append(row("RSS idle", {
             t.name: f"{idle[t.name]:.1f} MB" if t.name in idle else "" for t in targets
         }, "RSS idle"))  # fmt: skip
