@@ -23,15 +23,17 @@ Rows:
 * concurrency 8: requests/s and p50 (``wrk`` if installed, else 8 client threads);
 * a 200 KB and a 2 MB chat body: added time (p50) and CPU per request;
 * an 850 KB embeddings answer (40 inputs), whose ``usage`` comes at its end: the same;
-* a stream of 5 000 SSE chunks sent as fast as the upstream can: chunks/s;
+* a stream of 5 000 SSE chunks sent as fast as the upstream can: chunks/s, median of 15
+  (the client reads the answer without parsing its chunks, so that it keeps up with the
+  upstream);
 * a stream at a model's pace (1 000 chunks, 1 ms apart): CPU per chunk, each chunk relayed
   on its own, which is what a token stream costs the proxy;
 * RSS idle, and per request waiting in the queue (1 000 waiting behind a busy model).
 
 In the small-request rows more columns show the floor under llamaswap on its stack
 (``floor_app.py``): hypercorn answering a constant, and a minimal forwarder on llamaswap's
-upstream pool with nothing else; and the same forwarder on a bare Trio + h11 server loop,
-to show what hypercorn itself costs.
+upstream pool with nothing else; and that forwarder, and llamaswap itself, on a bare Trio +
+h11 server loop, to show what hypercorn itself costs.
 """
 
 from __future__ import annotations
@@ -130,9 +132,9 @@ class Client:
     def close(self) -> None:
         self._socket.close()
 
-    def post(self, body: bytes, on_data: Callable[[bytes], None] | None = None) -> int:
-        """POST /v1/chat/completions; the status. The body goes to ``on_data``."""
-        return self.request("POST", "/v1/chat/completions", body, on_data)
+    def post(self, body: bytes) -> int:
+        """POST /v1/chat/completions; the status."""
+        return self.request("POST", "/v1/chat/completions", body)
 
     def request(
         self,
@@ -141,14 +143,7 @@ class Client:
         body: bytes = b"",
         on_data: Callable[[bytes], None] | None = None,
     ) -> int:
-        head = (
-            b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json"
-            b"\r\ncontent-length: %d\r\n\r\n"
-            % (method.encode(), path.encode(), self._host, len(body))
-        )
-        self._socket.sendall(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self._socket.sendall(body)
+        self.send_request(method, path, body)
         head_end = self._until(b"\r\n\r\n")
         lines = self._take(head_end + 4).split(b"\r\n")
         status = int(lines[0].split()[1])
@@ -165,6 +160,31 @@ class Client:
                 return status
             if on_data:
                 on_data(data)
+
+    def send_request(self, method: str, path: str, body: bytes) -> None:
+        """Send a request (its head and ``body``)."""
+        head = (
+            b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n"
+            % (method.encode(), path.encode(), self._host, len(body))
+        )
+        self._socket.sendall(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self._socket.sendall(body)
+
+    def stream(self, body: bytes) -> int:
+        """POST a streaming ``body`` and read the answer raw, to the end of its chunked body,
+        without parsing its chunks; the SSE events it held. A client that parsed every
+        chunk would measure itself: it would be slower than the upstream writes them."""
+        self.send_request("POST", "/v1/chat/completions", body)
+        status_line = self._take(self._until(b"\r\n\r\n") + 4).split(b"\r\n", 1)[0]
+        assert status_line.split()[1] == b"200", status_line
+        while not self._buffer.endswith(b"\r\n0\r\n\r\n"):  # SSE data holds no \r
+            self._fill()
+        events = self._buffer.count(b"data: ", self._at)
+        self._buffer.clear()
+        self._at = 0
+        return events
 
     def _fill(self) -> None:
         data = self._socket.recv(1 << 18)
@@ -262,17 +282,12 @@ def stream_rate(
         shift = run % len(targets)
         for target in targets[shift:] + targets[:shift]:
             client = Client(target.url)
-            seen = [0]
-
-            def count(data: bytes, seen: list[int] = seen) -> None:
-                seen[0] += data.count(b"data: ")
-
             started = time.perf_counter()
             with target.counting(1):
-                assert client.post(body, count) == 200
+                events = client.stream(body)
             elapsed = time.perf_counter() - started
             client.close()
-            assert seen[0] == chunks + 2, seen  # the chunks, usage, [DONE]
+            assert events == chunks + 2, events  # the chunks, usage, [DONE]
             rates[target.name].append(chunks / elapsed)
     return {name: sorted(values)[len(values) // 2] for name, values in rates.items()}
 
@@ -367,18 +382,23 @@ async def start_nginx(stack: AsyncExitStack, upstream: str) -> Target | None:
 
 async def start_floors(stack: AsyncExitStack, upstream: str) -> list[Target]:
     """hypercorn alone (a constant answer) and a minimal forwarder to ``upstream`` through
-    llamaswap's upstream pool: the floor under llamaswap on its stack; and that forwarder
-    on a bare Trio + h11 server loop instead of hypercorn (floor_app.py)."""
+    llamaswap's upstream pool: the floor under llamaswap on its stack; then that forwarder,
+    and llamaswap itself (with an upstream of its own), on a bare Trio + h11 server loop
+    instead of hypercorn (floor_app.py)."""
+    config = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "llamaswap.toml"
+    config.write_text(CONFIG.format(port=free_port_base(), upstream=UPSTREAM))
     floors = []
     for name, args in (
         ("hypercorn alone", ["constant"]),
-        ("minimal forwarder", ["forward"]),
-        ("forwarder without hypercorn", ["forward-h11"]),
+        ("minimal forwarder", ["forward", upstream]),
+        ("forwarder without hypercorn", ["forward-h11", upstream]),
+        ("llamaswap without hypercorn", ["llamaswap-h11", str(config)]),
     ):
         port = free_port_base(1)
         command = [sys.executable, str(REPO / "tests/benchmarks/floor_app.py"), "--port"]
-        command += [str(port), *args, upstream]
-        floors.append(await start_server(stack, name, command, port))
+        floors.append(await start_server(stack, name, [*command, str(port), *args], port))
+    url = floors[-1].url
+    assert await trio.to_thread.run_sync(lambda: _post(url, "/api/models/load/fast")) == 200
     return floors
 
 
@@ -514,7 +534,7 @@ async def run(other: Path | None, quick: bool) -> None:
         table.append(row("850 KB embeddings answer, p50 (added)", added("embed", 0.5)))
         table.append(row("850 KB embeddings answer, CPU per request", cpu()))
         chunks = 5000
-        rates = await trio.to_thread.run_sync(stream_rate, targets, chunks, 3 if quick else 7)
+        rates = await trio.to_thread.run_sync(stream_rate, targets, chunks, 3 if quick else 15)
         label = f"stream of {chunks} chunks, chunks/s (share)"
         table.append(row(label, shares(rates), "stream chunks/s"))
         table.append(row("stream, CPU per chunk", cpu(chunks)))
