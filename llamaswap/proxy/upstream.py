@@ -130,6 +130,7 @@ class _Connection:
         self.written = 0  # bytes of this exchange the socket took (TLS: every byte tried)
         self.broken = False  # a write failed: h11 may say DONE, the stream is not reusable
         self.recycled = False  # h11 was replaced by a fresh one (a chunked body: _Chunked)
+        self._drained = True  # the last read took all there was: the next one waits first
 
     async def write(self, data: bytes) -> None:
         if self.stream is not self._tcp:
@@ -146,20 +147,29 @@ class _Connection:
 
     async def receive(self) -> bytes:
         """What has arrived (at least one byte), or b"" at the end of the stream. Always a
-        checkpoint: a relay's loop writes without one (``send_now``)."""
+        checkpoint: a relay's loop writes without one (``send_now``).
+
+        After a read that took all there was (less than it could), the next one waits for
+        data before it tries: an answer's head, or a stream's next token, comes long after
+        the last bytes, and a read that finds nothing is a system call for nothing. After a
+        full read it tries first: more is likely there, and Trio's wait for a socket that
+        is readable already costs more than its checkpoint."""
         if self.stream is not self._tcp:
             return bytes(await self.stream.receive_some(_READ))
         # trio's SocketStream.receive_some without its layers (a token stream reads once
         # per token), and its checkpoints: a cancelled read takes nothing, and what a read
         # took is returned, never lost to a cancellation.
         socket = self._tcp.socket
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if (data := receive_now(socket)) is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
+        if not self._drained:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if (data := receive_now(socket)) is not None:
+                self._drained = len(data) < _READ
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
         while True:
             await trio.lowlevel.wait_readable(socket)
             if (data := receive_now(socket)) is not None:
+                self._drained = len(data) < _READ
                 return data
 
     async def next_event(self) -> h11.Event:

@@ -14,7 +14,8 @@ full.
 How an answer is written (``TCPServer.protocol_send``, with ``send_now``, which the
 upstream pool's writes use too): what the kernel takes at once goes without a checkpoint,
 and the rest waits for the client to read, on real sockets and the real clock. The upstream
-pool's reads (``receive_now``) stay checkpoints, so that a relay's loop always has one.
+pool's reads (``receive_now``) stay checkpoints, so that a relay's loop always has one, and
+after a read that took all there was, the next one waits before it tries.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from hypercorn.trio.worker_context import EventWrapper
 from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
 from llamaswap._connections import IdleTimer, TaskGroup
+from llamaswap.proxy import upstream
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
-from llamaswap.proxy.upstream import _Connection, receive_now, send_now
+from llamaswap.proxy.upstream import _READ, _Connection, receive_now, send_now
 
 TIMEOUT = 75.0
 
@@ -295,18 +297,53 @@ async def test_a_read_takes_what_has_arrived_and_says_when_nothing_has() -> None
 async def test_the_upstream_pools_read_is_a_checkpoint_and_a_cancelled_one_takes_nothing() -> None:
     with trio.fail_after(10):
         a, b = trio.socket.socketpair()
-        with a:
+        with a, b:
             stream = trio.SocketStream(b)
             connection = _Connection(stream, stream)
-            await a.send(b"ready")
-            with trio.CancelScope() as cancelled:
-                cancelled.cancel()
-                await connection.receive()  # raises Cancelled, taking nothing
-            assert cancelled.cancelled_caught
-            with trio.testing.assert_checkpoints():
-                assert await connection.receive() == b"ready"
+            full = b"x" * _READ
+            assert await a.send(full + b"ready") == len(full) + 5
+            # Each of the two ways a read goes: waiting first (as a fresh connection's
+            # first read does), then trying first (after a full read).
+            for expected in (full, b"ready"):
+                with trio.CancelScope() as cancelled:
+                    cancelled.cancel()
+                    await connection.receive()  # raises Cancelled, taking nothing
+                assert cancelled.cancelled_caught
+                with trio.testing.assert_checkpoints():
+                    assert await connection.receive() == expected
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(a.send, b"later")
                 with trio.testing.assert_checkpoints():
                     assert await connection.receive() == b"later"
-            connection.close()
+
+
+async def test_after_taking_all_there_was_the_pools_next_read_waits_before_it_tries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A token stream's next chunk comes long after the last: no read that finds nothing."""
+    tries: list[bytes | None] = []
+
+    def counted(sock: trio.socket.SocketType) -> bytes | None:
+        tries.append(data := receive_now(sock))
+        return data
+
+    monkeypatch.setattr(upstream, "receive_now", counted)
+    with trio.fail_after(10):
+        a, b = trio.socket.socketpair()
+        with a, b:
+            stream = trio.SocketStream(b)
+            connection = _Connection(stream, stream)
+            for token in (b"one", b"two"):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(a.send, token)  # once the read below waits
+                    assert await connection.receive() == token
+            assert tries == [b"one", b"two"]
+            tries.clear()
+            full = b"x" * _READ
+            assert await a.send(full + b"rest") == len(full) + 4
+            assert await connection.receive() == full
+            assert await connection.receive() == b"rest"  # tried first: it was there
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a.send, b"three")
+                assert await connection.receive() == b"three"
+            assert tries == [full, b"rest", b"three"]
