@@ -189,7 +189,7 @@ class Client:
     def _fill(self) -> None:
         data = self._socket.recv(1 << 18)
         if not data:
-            raise ConnectionError("closed")
+            raise ConnectionError(f"{self._host.decode()} closed the connection")
         self._buffer += data
 
     def _until(self, marker: bytes) -> int:
@@ -385,18 +385,23 @@ async def start_floors(stack: AsyncExitStack, upstream: str) -> list[Target]:
     llamaswap's upstream pool: the floor under llamaswap on its stack; then that forwarder,
     and llamaswap itself (with an upstream of its own), on a bare Trio + h11 server loop
     instead of hypercorn (floor_app.py)."""
-    config = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "llamaswap.toml"
-    config.write_text(CONFIG.format(port=free_port_base(), upstream=UPSTREAM))
+    command = [sys.executable, str(REPO / "tests/benchmarks/floor_app.py"), "--port"]
     floors = []
     for name, args in (
         ("hypercorn alone", ["constant"]),
         ("minimal forwarder", ["forward", upstream]),
         ("forwarder without hypercorn", ["forward-h11", upstream]),
-        ("llamaswap without hypercorn", ["llamaswap-h11", str(config)]),
     ):
         port = free_port_base(1)
-        command = [sys.executable, str(REPO / "tests/benchmarks/floor_app.py"), "--port"]
         floors.append(await start_server(stack, name, [*command, str(port), *args], port))
+    # Its models' ports, then its own: free of each other, and of the floors above.
+    base = free_port_base(9)
+    config = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "llamaswap.toml"
+    config.write_text(CONFIG.format(port=base, upstream=UPSTREAM))
+    args = [str(base + 8), "llamaswap-h11", str(config)]
+    floors.append(
+        await start_server(stack, "llamaswap without hypercorn", command + args, base + 8)
+    )
     url = floors[-1].url
     assert await trio.to_thread.run_sync(lambda: _post(url, "/api/models/load/fast")) == 200
     return floors
