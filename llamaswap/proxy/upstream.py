@@ -167,7 +167,7 @@ class _Connection:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return data
         while True:
-            await trio.lowlevel.wait_readable(socket)
+            await trio.lowlevel.wait_readable(_open_descriptor(socket))
             if (data := receive_now(socket)) is not None:
                 self._drained = len(data) < _READ
                 return data
@@ -232,13 +232,19 @@ def send_now(socket: trio.socket.SocketType, data: bytes | memoryview) -> int:
 def receive_now(socket: trio.socket.SocketType) -> bytes | None:
     """What has arrived (up to ``_READ`` bytes; b"" at the end of the stream), or None if
     nothing has yet. Not a checkpoint. Raises OSError, or ClosedResourceError if closed."""
+    try:
+        return os.read(_open_descriptor(socket), _READ)
+    except BlockingIOError:
+        return None
+
+
+def _open_descriptor(socket: trio.socket.SocketType) -> int:
+    """The socket's file descriptor; ClosedResourceError once it is closed (then -1: never
+    a descriptor that was reused meanwhile)."""
     fd = socket.fileno()
     if fd < 0:
         raise trio.ClosedResourceError("the socket was closed")
-    try:
-        return os.read(fd, _READ)
-    except BlockingIOError:
-        return None
+    return fd
 
 
 def _h11_client() -> h11.Connection:

@@ -347,3 +347,23 @@ async def test_after_taking_all_there_was_the_pools_next_read_waits_before_it_tr
                 nursery.start_soon(a.send, b"three")
                 assert await connection.receive() == b"three"
             assert tries == [full, b"rest", b"three"]
+
+
+async def test_a_closed_connections_read_says_so_whichever_way_it_goes() -> None:
+    with trio.fail_after(10):
+        a, b = trio.socket.socketpair()
+        with a, b:
+            stream = trio.SocketStream(b)
+            drained = _Connection(stream, stream)  # a fresh connection waits first
+            drained.close()
+            with pytest.raises(trio.ClosedResourceError):
+                await drained.receive()
+        a, b = trio.socket.socketpair()
+        with a, b:
+            stream = trio.SocketStream(b)
+            full = _Connection(stream, stream)
+            assert await a.send(b"x" * _READ) == _READ
+            assert len(await full.receive()) == _READ  # the next read tries first
+            full.close()
+            with pytest.raises(trio.ClosedResourceError):
+                await full.receive()
