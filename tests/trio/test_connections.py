@@ -294,12 +294,17 @@ async def test_a_read_takes_what_has_arrived_and_says_when_nothing_has() -> None
         receive_now(b)
 
 
+def pool_connection(sock: trio.socket.SocketType) -> _Connection:
+    """The upstream pool's connection over ``sock``, as it makes one to a plain-TCP server."""
+    stream = trio.SocketStream(sock)
+    return _Connection(stream, stream)
+
+
 async def test_the_upstream_pools_read_is_a_checkpoint_and_a_cancelled_one_takes_nothing() -> None:
     with trio.fail_after(10):
         a, b = trio.socket.socketpair()
         with a, b:
-            stream = trio.SocketStream(b)
-            connection = _Connection(stream, stream)
+            connection = pool_connection(b)
             full = b"x" * _READ
             assert await a.send(full + b"ready") == len(full) + 5
             # Each of the two ways a read goes: waiting first (as a fresh connection's
@@ -331,8 +336,7 @@ async def test_after_taking_all_there_was_the_pools_next_read_waits_before_it_tr
     with trio.fail_after(10):
         a, b = trio.socket.socketpair()
         with a, b:
-            stream = trio.SocketStream(b)
-            connection = _Connection(stream, stream)
+            connection = pool_connection(b)
             for token in (b"one", b"two"):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(a.send, token)  # once the read below waits
@@ -353,15 +357,13 @@ async def test_a_closed_connections_read_says_so_whichever_way_it_goes() -> None
     with trio.fail_after(10):
         a, b = trio.socket.socketpair()
         with a, b:
-            stream = trio.SocketStream(b)
-            drained = _Connection(stream, stream)  # a fresh connection waits first
+            drained = pool_connection(b)  # a fresh connection waits first
             drained.close()
             with pytest.raises(trio.ClosedResourceError):
                 await drained.receive()
         a, b = trio.socket.socketpair()
         with a, b:
-            stream = trio.SocketStream(b)
-            full = _Connection(stream, stream)
+            full = pool_connection(b)
             assert await a.send(b"x" * _READ) == _READ
             assert len(await full.receive()) == _READ  # the next read tries first
             full.close()
