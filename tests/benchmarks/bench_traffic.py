@@ -144,10 +144,7 @@ class Client:
         on_data: Callable[[bytes], None] | None = None,
     ) -> int:
         self.send_request(method, path, body)
-        head_end = self._until(b"\r\n\r\n")
-        lines = self._take(head_end + 4).split(b"\r\n")
-        status = int(lines[0].split()[1])
-        fields = dict(line.lower().split(b": ", 1) for line in lines[1:] if line)
+        status, fields = self._head()
         if b"content-length" in fields:
             data = self._exactly(int(fields[b"content-length"]))
             if on_data:
@@ -177,14 +174,20 @@ class Client:
         without parsing its chunks; the SSE events it held. A client that parsed every
         chunk would measure itself: it would be slower than the upstream writes them."""
         self.send_request("POST", "/v1/chat/completions", body)
-        status_line = self._take(self._until(b"\r\n\r\n") + 4).split(b"\r\n", 1)[0]
-        assert status_line.split()[1] == b"200", status_line
+        status, _ = self._head()
+        assert status == 200, status
         while not self._buffer.endswith(b"\r\n0\r\n\r\n"):  # SSE data holds no \r
             self._fill()
         events = self._buffer.count(b"data: ", self._at)
         self._buffer.clear()
         self._at = 0
         return events
+
+    def _head(self) -> tuple[int, dict[bytes, bytes]]:
+        """The response's status and header fields (names in lowercase)."""
+        lines = self._take(self._until(b"\r\n\r\n") + 4).split(b"\r\n")
+        fields = dict(line.lower().split(b": ", 1) for line in lines[1:] if line)
+        return int(lines[0].split()[1]), fields
 
     def _fill(self) -> None:
         data = self._socket.recv(1 << 18)
