@@ -447,7 +447,8 @@ class Router:
             await self._leases.drained()
         late = ShuttingDown(f"the request was still running after unloadTimeout ({grace:g}s)")
         for lease in self._leases:
-            lease.cancel(late)
+            if lease.state is not LeaseState.FAILED:  # failed: its error is on its way
+                lease.cancel(late)
         with trio.move_on_after(CANCEL_GRACE):
             await self._leases.drained()
         async with trio.open_nursery() as nursery:

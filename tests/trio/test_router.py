@@ -521,6 +521,36 @@ async def test_a_request_still_running_after_the_shutdown_grace_gets_a_clear_err
     assert router.model_state("a") is S.STOPPED
 
 
+async def test_a_request_waiting_at_shutdown_is_failed_as_waiting_even_with_a_side_task(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    # A loading-state stream waits with ``while_waiting``, whose task takes a pass of the
+    # scheduler to end after the request is failed: meanwhile nothing is in flight, so
+    # the grace is over at once, and the request must not get the "still running" error.
+    spawner.script = Script(healthy_after=60.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    failures: list[RequestError] = []
+
+    async def report(lease: Lease) -> None:
+        await trio.sleep_forever()
+
+    async def streaming() -> None:
+        try:
+            async with router.acquire(router.lease("a"), while_waiting=report):
+                pytest.fail("a was not expected to serve")
+        except RequestError as exc:
+            failures.append(exc)
+
+    nursery.start_soon(streaming)
+    await recorder.wait_for(S.STARTING, "a")
+    await router.shutdown(grace=4.0)
+    await trio.testing.wait_all_tasks_blocked()
+    assert [str(e) for e in failures] == [str(ShuttingDown())]
+
+
 async def test_serial_queues_a_burst_of_a_thousand_and_serves_every_one(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,
