@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -48,10 +49,23 @@ def installed_bin() -> Path:
     return folder
 
 
+def library_links(bin_folder: Path) -> dict[str, str]:
+    """Every library name the package makes a link, and the name it points at.
+
+    As installed, the package lists them in its ``_symlinks.json``. Importing it (its own
+    ``llama-cpp-server`` command does) makes the links in its folder and deletes that
+    file: then the links themselves say it."""
+    manifest = bin_folder / "_symlinks.json"
+    if manifest.is_file():
+        names: dict[str, str] = json.loads(manifest.read_text())
+        return names
+    return {path.name: os.readlink(path) for path in bin_folder.iterdir() if path.is_symlink()}
+
+
 def link_libraries(bin_folder: Path, libs: Path) -> None:
-    """Create in ``libs`` every library name the package records as a link (in its
-    ``_symlinks.json``, name → name), each pointing at the installed file it ends at."""
-    names: dict[str, str] = json.loads((bin_folder / "_symlinks.json").read_text())
+    """Create in ``libs`` every library name the package makes a link (``library_links``),
+    each pointing at the installed file it ends at."""
+    names = library_links(bin_folder)
     libs.mkdir(parents=True, exist_ok=True)
     for name in names:
         target = name
