@@ -4,15 +4,16 @@ llamaswap spells its keys as llama-swap does, so most of a llama-swap file carri
 as it is: the translator walks the YAML beside llamaswap's own config classes
 (``config/model.py``) and copies every key those classes have, one TOML table per YAML
 mapping. That makes the rule for what is *not* translated mechanical: a key llamaswap's
-classes do not have is reported with its YAML path and the reason, never written, so the
-output never holds a key llamaswap would refuse. The exceptions are the places where the
-two formats differ, each handled by name:
+classes do not have is reported with its YAML path and the reason (or the key it may be
+a typo of), never written, so the output never holds a key llamaswap would refuse. The
+exceptions are the places where the two formats differ, each handled by name:
 
 * llama-swap's "unset" spellings (``ttl: -1``, ``concurrencyLimit: 0`` or less, a model's
   ``unloadTimeout: 0``, an empty string) are left out, so llamaswap's defaults apply;
 * a value is read as llama-swap's YAML library reads it into the key's type (the type
-  hints of the config classes): ``yes``/``no``/``on``/``off`` in a boolean key, and a
-  number in a string key as the text Go writes for it;
+  hints of the config classes): ``yes``/``no``/``on``/``off`` in a boolean key, a number
+  in a string key as the text Go writes for it, and an unquoted date as the text written;
+  only the first YAML document of the file is read;
 * ``env`` lists become tables, and ``filters.stripParams`` (a comma-separated string)
   an array, unless it holds a macro: then the loader splits it after expanding it;
 * top-level ``groups`` and ``matrix`` (llama-swap's older spelling) move under
@@ -21,9 +22,10 @@ two formats differ, each handled by name:
 * values llamaswap bounds or spells more strictly are written as llama-swap runs them
   (``healthCheckTimeout`` below 15 s becomes 15, a TTL over 30 days 0, ``logLevel`` in
   lower case, ``checkEndpoint`` with its leading ``/``), and ``preload`` names of no model
-  are left out;
+  and aliases that are another model's ID (llama-swap looks IDs up first) are left out;
 * what llamaswap reads differently and cannot be rewritten (a macro in a key, an unquoted
-  ``${env.NAME}`` where a number may be meant, a model ID llamaswap refuses) is noted.
+  ``${env.NAME}`` where a number may be meant, a model ID or peer ID llamaswap refuses, a
+  command written for Windows, a model without ``cmd``, ``comfyui_auto``) is noted.
 
 Comments (``comments.py``) are placed before the key, table or array item they were
 above, and end-of-line comments stay at the end of their line. A TOML table's values must
@@ -45,6 +47,7 @@ from typing import Any, Literal
 import attrs
 import tomlkit
 from ruamel.yaml import YAML
+from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 from tomlkit.container import Container
@@ -52,8 +55,9 @@ from tomlkit.items import Array, Comment, Item, String, StringType, Table, Trivi
 
 from ..config import model as schema
 from ..config.matrix_expr import And, MatrixExprError, Name, Node, Or, parse_expr
-from ..config.paths import Path, format_path
+from ..config.paths import Path, did_you_mean, format_path
 from ..config.validate import NAME_RULE, bad_name
+from ..config.values import InvalidValue, parse_command, without_comments
 from .comments import Comments, find_comments
 
 __all__ = ["ImportResult", "Remark", "YamlError", "import_yaml"]
@@ -72,7 +76,14 @@ _LOG_SETTINGS: dict[str, tuple[frozenset[str], str]] = {
     "logLevel": (frozenset(level.value for level in schema.LogLevel), schema.LogLevel.INFO.value),
     "logTimeFormat": (frozenset(typing.get_args(schema.LogTimeFormat)), ""),
 }
-#: ``${name}``, the whole of a value.
+#: The model ID llama-swap serves under /comfyui/, with a concurrencyLimit of at least this.
+_COMFYUI, _COMFYUI_LIMIT = "comfyui_auto", 50
+#: A path with a drive letter (``C:\`` or ``C:/``), and a program only Windows has.
+_WINDOWS_PATH = re.compile(r"(?<![\w])[A-Za-z]:[\\/]")
+_WINDOWS_PROGRAM = re.compile(r"\s*(\S*\.exe|taskkill)(\s|$)", re.IGNORECASE)
+#: Where the remark about the YAML documents after the first is reported.
+_LATER_DOCUMENTS = "(the documents after the first)"
+#: ``${name}`` (a macro, or an environment variable as ``env.NAME``).
 _MACRO = re.compile(r"\$\{([^}]*)\}")
 
 #: Why a llama-swap key has no place in llamaswap (keys not listed: "no such key").
@@ -114,7 +125,8 @@ class Remark:
     """Something about the translation the user should know.
 
     Attributes:
-        path: the YAML key path, e.g. ``models.qwen.timeouts.tlsHandshake``.
+        path: the YAML key path, e.g. ``models.qwen.timeouts.tlsHandshake`` (or
+            ``(the documents after the first)``).
         message: what happened and why.
         skipped: ``True`` when the key was left out of the TOML.
     """
@@ -139,25 +151,54 @@ class ImportResult:
 def import_yaml(text: str) -> ImportResult:
     """Translate a llama-swap YAML configuration into llamaswap TOML.
 
-    The result is not validated: ``loads_config(result.toml)`` does that.
+    Only the first YAML document is read, as llama-swap reads it. The result is not
+    validated: ``loads_config(result.toml)`` does that.
 
     Raises:
         YamlError: ``text`` is not valid YAML, or its top level is not a mapping.
     """
+    yaml = YAML(typ="rt")
+    yaml.Constructor = _Constructor
+    yaml.preserve_quotes = True  # a quoted "${env.N}" is text in llama-swap too
+    documents = yaml.load_all(text)
     try:
-        yaml = YAML(typ="rt")
-        yaml.preserve_quotes = True  # a quoted "${env.N}" is text in llama-swap too
-        root = yaml.load(text)
+        root = next(documents, None)
     except YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         mark = getattr(exc, "problem_mark", None)
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         raise YamlError(f"invalid YAML: {problem}", line, column) from None
+    # llama-swap's YAML library decodes the first document only and never reads on, so
+    # what follows is ignored there, even if it is not valid YAML. An empty one (a stray
+    # '---' at the end) holds nothing to mention.
+    try:
+        more = any(document is not None for document in documents)
+    except YAMLError:
+        more = True
     if root is None:
         root = {}
     if not isinstance(root, Mapping):
         raise YamlError("expected a mapping of keys (healthCheckTimeout, models, ...)")
-    return _Translator(root, find_comments(root, text)).run()
+    result = _Translator(root, find_comments(root, text)).run()
+    if more:
+        ignored = Remark(
+            _LATER_DOCUMENTS,
+            "llama-swap reads only the first YAML document of a file and ignores the rest; "
+            "move what they hold into the first if it is meant to apply",
+        )
+        result = attrs.evolve(result, remarks=(*result.remarks, ignored))
+    return result
+
+
+class _Constructor(RoundTripConstructor):
+    """ruamel's round-trip constructor, but an unquoted date or time (``2024-05-01``)
+    stays the text it was written as. llama-swap's YAML library keeps such a value as text
+    wherever it is not asked for a time, and llamaswap has no key that takes one."""
+
+
+_Constructor.add_constructor(
+    "tag:yaml.org,2002:timestamp", RoundTripConstructor.construct_yaml_str
+)
 
 
 @attrs.frozen
@@ -308,7 +349,7 @@ class _Translator:
             if hook is not None:
                 yield from hook(self, key, value, at)
             elif key not in _fields(cls):
-                self.skip(at, _REASONS.get(key, f"llamaswap has no key {key!r} here"))
+                self.skip(at, _REASONS.get(key) or _no_such_key(key, _fields(cls)))
             elif value is None or value == "":
                 continue  # llama-swap's "not set": llamaswap's default applies
             else:
@@ -341,6 +382,8 @@ class _Translator:
             for name, item in value.items():
                 at: Path = (*path, str(name))
                 self._check_key(str(name), at)
+                if kind.cls is schema.ModelConfig and isinstance(item, Mapping):
+                    self._check_model(str(name), item, at)
                 if isinstance(item, Mapping):
                     entries.extend(self.table(str(name), item, at, _Kind(kind.cls), named=True))
                 else:
@@ -359,6 +402,74 @@ class _Translator:
             self.note(path, f"llamaswap fills in no macro in a key{env}: write the name itself")
         if len(path) == 2 and path[0] == "models":
             self.check_name(key, path, "a model ID")
+        if len(path) == 2 and path[0] == "peers" and _bad_peer_id(key):
+            self.note(
+                path,
+                f"llamaswap refuses {key!r}: a peer ID must not be empty or contain '/' or "
+                "whitespace (a peer's models are also named 'ID/model'); rename it here and "
+                "in the clients that use those names",
+            )
+
+    def check_command(self, command: str, path: Path) -> None:
+        """Remark a ``cmd`` or ``cmdStop`` written for Windows, with its macros filled in:
+        llama-swap splits a command by Windows' rules there (commands.go), where a
+        backslash is a path separator; llamaswap splits it as a POSIX shell does, where a
+        backslash outside quotes escapes the next character and is dropped."""
+        text = without_comments(self.fill_macros(command, path[:-1]))
+        if not _windows_command(text):
+            return
+        try:
+            program = f" (the program here would be {parse_command(text)[0]!r})"
+        except InvalidValue:
+            program = ""  # reported when the output is checked
+        stop = (
+            ", or leave cmdStop out: llamaswap stops a model by signalling its process group"
+            if path[-1] == "cmdStop"
+            else ""
+        )
+        self.note(
+            path,
+            "this looks like a Windows command line, but llamaswap runs models as POSIX "
+            "processes and splits a command as a POSIX shell does, where a backslash outside "
+            f"quotes escapes the next character and is dropped{program}: write the command "
+            f"as it runs where llamaswap runs, with '/' in paths{stop}",
+        )
+
+    def fill_macros(self, text: str, model_path: Path) -> str:
+        """``text`` with the macros it uses filled in as far as the YAML defines them: the
+        model's at ``model_path`` first, then the top-level ones (macros may use macros)."""
+        known: dict[str, object] = {}
+        model = self.source(model_path)
+        for macros in (
+            self.root.get("macros"),
+            model.get("macros") if isinstance(model, Mapping) else None,
+        ):
+            if isinstance(macros, Mapping):
+                known.update((str(name), value) for name, value in macros.items())
+        for _ in range(10):  # a macro that uses itself is reported when the output is checked
+            filled = _MACRO.sub(lambda m: str(known.get(m[1], m[0])), text)
+            if filled == text:
+                break
+            text = filled
+        return text
+
+    def _check_model(self, model_id: str, model: Mapping[Any, Any], path: Path) -> None:
+        """Remark a model llama-swap runs otherwise: ``comfyui_auto``, or one without cmd."""
+        if model_id == _COMFYUI:
+            self.note(
+                path,
+                f"llama-swap serves {_COMFYUI!r} under /comfyui/ and lets it take at least "
+                f"{_COMFYUI_LIMIT} requests at once; llamaswap has no ComfyUI special case: it "
+                f"is an ordinary model here, reached at /upstream/{_COMFYUI}/ (write "
+                f"concurrencyLimit = {_COMFYUI_LIMIT} for llama-swap's limit)",
+            )
+        if model.get("cmd") in (None, ""):
+            self.note(
+                path,
+                "no cmd: llama-swap could not start this model (every request for it failed), "
+                "and llamaswap requires one: give the command that starts its server, or, "
+                "for a server that runs on its own, list its models under [peers] instead",
+            )
 
     def check_name(self, name: str, path: Path, what: str) -> None:
         """Remark a model ID or alias llamaswap refuses (llama-swap takes any)."""
@@ -464,7 +575,7 @@ class _Translator:
         if isinstance(value, list):
             return self.array(value, path, scalar)
         try:
-            return tomlkit.item(value)  # a YAML date or timestamp
+            return tomlkit.item(value)  # a value of an explicit YAML tag (!!binary, !!set)
         except (TypeError, ValueError):
             self.skip(path, f"TOML has no value like {value!r}")
             return None
@@ -597,6 +708,43 @@ def _kind(hint: object) -> _Kind | _Scalar:
     if (isinstance(hint, type) and issubclass(hint, str)) or origin is Literal:
         return "str"  # str, a str enum (LogLevel), a Literal of strings
     return "str" if origin is tuple and args[:1] == [str] else "any"
+
+
+def _windows_command(command: str) -> bool:
+    """Whether ``command`` (no comment lines) was written for Windows: it names a path with
+    a drive letter (``C:\\``, ``D:/``), runs ``taskkill`` or a ``.exe``, or has a backslash
+    before a letter, digit, ``.``, ``_`` or ``-`` outside quotes, which a POSIX shell drops
+    and no one writes for one (``models\\qwen``)."""
+    if _WINDOWS_PATH.search(command) or _WINDOWS_PROGRAM.match(command):
+        return True
+    quote = ""
+    index = 0
+    while index < len(command):
+        char = command[index]
+        if char in "'\"" and not quote:
+            quote = char
+        elif char == quote:
+            quote = ""
+        elif char == "\\" and quote != "'":
+            following = command[index + 1 : index + 2]
+            if not quote and following and (following.isalnum() or following in "._-"):
+                return True
+            index += 1  # the character it escapes
+        index += 1
+    return False
+
+
+def _bad_peer_id(name: str) -> bool:
+    """Whether llamaswap refuses ``name`` as a peer ID (llama-swap takes any)."""
+    return not name or "/" in name or any(char.isspace() for char in name)
+
+
+def _no_such_key(key: str, known: Iterable[str]) -> str:
+    """Why ``key`` is left out, with the key it is likely a typo of (as check-config says
+    it): llama-swap ignores a key it does not know, so a misspelt one never applied there."""
+    close = did_you_mean(key, known)
+    hint = f"; did you mean {close!r}? (if so, llama-swap ignored it too)" if close else ""
+    return f"llamaswap has no key {key!r} here{hint}"
 
 
 def _named(sets: object) -> Iterator[str]:
@@ -749,6 +897,7 @@ def _command(t: _Translator, key: str, value: object, path: Path) -> Iterator[_E
     if value is None or value == "":
         return  # not set
     if isinstance(value, str):
+        t.check_command(value, path)
         yield _Value(key, _string(value), path)
     else:
         yield from t.copy(key, value, path, "any")
@@ -773,10 +922,26 @@ def _strip_params(t: _Translator, key: str, value: object, path: Path) -> Iterat
 
 @_hook(schema.ModelConfig, "aliases")
 def _aliases(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
-    for index, alias in enumerate(value if isinstance(value, list) else ()):
-        if isinstance(alias, str):
-            t.check_name(alias, (*path, index), "an alias")
-    yield from t.copy(key, value, path, "str")
+    """The aliases, but those that are another model's ID: llama-swap looks a name up as
+    a model ID first (``RealModelName`` in config.go), so such an alias never applied."""
+    if not isinstance(value, list):
+        yield from t.copy(key, value, path, "str")
+        return
+    shadowed = set()
+    for index, alias in enumerate(value):
+        name = _go_text(alias) if isinstance(alias, (int, float)) else alias
+        if not isinstance(name, str):
+            continue
+        if name in t.model_ids and name != path[1]:
+            shadowed.add(index)
+            t.skip(
+                (*path, index),
+                f"{name!r} is the ID of {format_path(('models', name))}, which llama-swap "
+                "looks up first, so this alias never applied; llamaswap refuses it",
+            )
+        else:
+            t.check_name(name, (*path, index), "an alias")
+    yield _Value(key, t.array(value, path, "str", dropped=shadowed), path)
 
 
 @_hook(schema.OnStartup, "preload")

@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import tomli
 
@@ -300,7 +301,7 @@ def test_a_peers_set_params_by_id_is_listed_not_written() -> None:
 
 
 def test_an_env_variable_set_twice_keeps_the_last_value() -> None:
-    result = import_yaml("models:\n  m:\n    env: [A=1, B=2, A=3]\n")
+    result = import_yaml("models:\n  m:\n    cmd: s\n    env: [A=1, B=2, A=3]\n")
     assert tomli.loads(result.toml)["models"]["m"]["env"] == {"B": "2", "A": "3"}
     assert result.remarks == (
         Remark("models.m.env[2]", "A is set again here; the last value is kept", skipped=False),
@@ -345,6 +346,160 @@ def test_anchors_and_merge_keys_are_expanded_where_they_are_used() -> None:
     assert (config.models["a"].ttl, config.models["a"].unlisted) == (300, True)
     assert config.models["b"].unlisted is True
     assert remarks(result) == [("shared", True)]
+
+
+def test_a_windows_command_line_is_noted_with_the_program_llamaswap_would_run() -> None:
+    result, config = translate(
+        r"""
+        macros:
+          llama: C:\llama.cpp\llama-server.exe
+        models:
+          qwen:
+            cmd: |
+              ${llama} --port ${PORT}
+              -m /models/qwen.gguf
+          sd:
+            cmd: 'C:\Program Files\sd\sd-server.exe --listen-port 7860'
+            cmdStop: taskkill /f /t /pid ${PID}
+            proxy: http://127.0.0.1:7860
+          rel:
+            cmd: server.bin --port ${PORT} -m models\qwen.gguf
+          posix:
+            cmd: |
+              llama-server --port ${PORT} \
+                # a comment line: C:\ here is no part of the command
+                -m /models/my\ model.gguf --re 'a\.b' --stop "\n"
+        """
+    )
+    # Backslashes outside quotes are escapes to a POSIX shell: the argv is mangled.
+    assert config.models["sd"].cmd[:2] == ("C:Program", "Filessdsd-server.exe")
+    assert remarks(result) == [
+        ("models.qwen.cmd", False),
+        ("models.sd.cmd", False),
+        ("models.sd.cmdStop", False),
+        ("models.rel.cmd", False),
+    ]
+    qwen, sd, stop, _ = (remark.message for remark in result.remarks)
+    assert qwen.startswith("this looks like a Windows command line, but llamaswap runs models ")
+    assert "(the program here would be 'C:llama.cppllama-server.exe')" in qwen
+    assert "(the program here would be 'C:Program')" in sd
+    assert stop.endswith(
+        "or leave cmdStop out: llamaswap stops a model by signalling its process group"
+    )
+
+
+def test_unquoted_dates_are_the_text_written_as_llama_swap_reads_them() -> None:
+    result, config = translate(
+        """
+        models:
+          a:
+            cmd: s --port ${PORT}
+            name: 2024-05-01
+            description: 2024-5-1
+            aliases: [2025-01-01]
+            metadata: {created: 2024-05-01, at: 2001-12-14 21:59:43.10 -5}
+        """
+    )
+    model = config.models["a"]
+    assert (model.name, model.description, model.aliases) == (
+        "2024-05-01",
+        "2024-5-1",
+        ("2025-01-01",),
+    )
+    assert model.metadata == {"created": "2024-05-01", "at": "2001-12-14 21:59:43.10 -5"}
+    assert remarks(result) == []
+
+
+@pytest.mark.parametrize(
+    ("after", "ignored"),
+    [
+        ("---\n", False),  # a stray '---' at the end
+        ("--- # only a comment\n...\n", False),
+        ("---\nmodels:\n  b: {cmd: y}\n", True),
+        ("---\nmodels: [\n", True),  # never read by llama-swap, so never an error there
+    ],
+)
+def test_only_the_first_yaml_document_is_translated_as_in_llama_swap(
+    after: str, ignored: bool
+) -> None:
+    result, config = translate('models:\n  a: {cmd: "x --port ${PORT}"}\n' + after)
+    assert list(config.models) == ["a"]
+    expected = [Remark("(the documents after the first)", "", skipped=True)] if ignored else []
+    assert [attrs.evolve(remark, message="") for remark in result.remarks] == expected
+    if ignored:
+        assert result.remarks[0].render() == (
+            "(the documents after the first): not translated: llama-swap reads only the "
+            "first YAML document of a file and ignores the rest; move what they hold into "
+            "the first if it is meant to apply"
+        )
+
+
+def test_a_misspelt_key_is_left_out_with_the_key_it_may_mean() -> None:
+    result = import_yaml(
+        "healthCheckTimout: 30\nmodels:\n  a:\n    cmd: s\n    concurrncyLimit: 2\n    zzz: 1\n"
+    )
+    assert [remark.render() for remark in result.remarks] == [
+        "healthCheckTimout: not translated: llamaswap has no key 'healthCheckTimout' here; "
+        "did you mean 'healthCheckTimeout'? (if so, llama-swap ignored it too)",
+        "models.a.concurrncyLimit: not translated: llamaswap has no key 'concurrncyLimit' "
+        "here; did you mean 'concurrencyLimit'? (if so, llama-swap ignored it too)",
+        "models.a.zzz: not translated: llamaswap has no key 'zzz' here",
+    ]
+
+
+def test_an_alias_that_is_another_models_id_is_left_out_as_it_never_applied() -> None:
+    result, config = translate(
+        """
+        models:
+          a: {cmd: "a --port ${PORT}", aliases: [b, a, 7, c]}
+          b: {cmd: "b --port ${PORT}", aliases: [b]}
+          "7": {cmd: "c --port ${PORT}"}
+        """
+    )
+    # llama-swap looks a name up as a model ID first: 'b' and '7' always meant b and 7.
+    assert config.models["a"].aliases == ("a", "c")
+    assert config.models["b"].aliases == ("b",)  # its own ID: harmless in both
+    assert remarks(result) == [("models.a.aliases[0]", True), ("models.a.aliases[2]", True)]
+    assert result.remarks[0].message == (
+        "'b' is the ID of models.b, which llama-swap looks up first, so this alias never "
+        "applied; llamaswap refuses it"
+    )
+
+
+def test_a_peer_id_llamaswap_refuses_is_named_with_the_rule() -> None:
+    result = import_yaml("peers:\n  lab/gpu:\n    proxy: http://gpu:8080\n    models: [m]\n")
+    assert remarks(result) == [('peers."lab/gpu"', False)]
+    assert "a peer ID must not be empty or contain '/' or whitespace" in (
+        result.remarks[0].message
+    )
+    with pytest.raises(ConfigError, match="peer ID 'lab/gpu' must not"):
+        loads_config(result.toml)
+
+
+def test_a_model_without_cmd_is_kept_and_noted_since_llamaswap_requires_one() -> None:
+    result = import_yaml(
+        "models:\n  ext:\n    proxy: http://127.0.0.1:9000\n  empty:\n    cmd: ''\n"
+        "groups:\n  g: {members: [ext]}\n"
+    )
+    # Kept, so what names it still finds it: the user decides what it becomes.
+    assert tomli.loads(result.toml)["models"] == {
+        "ext": {"proxy": "http://127.0.0.1:9000"},
+        "empty": {},
+    }
+    assert remarks(result) == [("models.ext", False), ("models.empty", False)]
+    assert result.remarks[0].message.startswith(
+        "no cmd: llama-swap could not start this model (every request for it failed), and "
+        "llamaswap requires one"
+    )
+
+
+def test_comfyui_auto_is_noted_as_an_ordinary_model_here() -> None:
+    result, config = translate(
+        "models:\n  comfyui_auto:\n    cmd: python main.py --port ${PORT}\n"
+    )
+    assert config.models["comfyui_auto"].concurrency_limit is None  # not raised to 50
+    assert remarks(result) == [("models.comfyui_auto", False)]
+    assert "llamaswap has no ComfyUI special case" in result.remarks[0].message
 
 
 # -- the command ---------------------------------------------------------------------------
