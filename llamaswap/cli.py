@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -15,13 +16,17 @@ import trio
 from llamaswap._serve import listen_address, serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
-from llamaswap.config.paths import format_path
+from llamaswap.config.paths import did_you_mean, format_path
 from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
 from llamaswap.observability.logs import configure_console
 
 __all__ = ["check_config", "main", "missing_programs"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
+SUBCOMMANDS = ("check-config", "import-config", "simulate")
+#: Words a llama-swap user may try for import-config.
+MIGRATE_WORDS = frozenset({"migrate", "convert", "import"})
+IMPORT_CONFIG = "llamaswap import-config"
 CHECK_CONFIG_USAGE = "usage: llamaswap check-config PATH"
 CHECK_CONFIG_HELP = (
     "Print every problem in the TOML config at PATH, one per line, without starting "
@@ -65,6 +70,23 @@ def missing_programs(config: Config) -> list[str]:
                 f"{where} (it may exist where llamaswap will run)"
             )
     return found
+
+
+def _unknown_command(args: Sequence[str]) -> str:
+    """The error for ``llamaswap WORD ...`` when ``WORD`` is no subcommand: the likely one
+    (``import-config`` for llama-swap users' ``migrate``), and the ones there are."""
+    word = args[0]
+    if word in MIGRATE_WORDS:
+        file = shlex.quote(args[1]) if args[1:2] and not args[1].startswith("-") else "FILE"
+        hint = f"; to translate a llama-swap config, run: {IMPORT_CONFIG} {file} -o config.toml"
+    else:
+        close = did_you_mean(word, SUBCOMMANDS)
+        hint = f"; did you mean {close!r}?" if close else ""
+    return (
+        f"llamaswap: unknown command {word!r}{hint}\n"
+        f"llamaswap's commands are {', '.join(SUBCOMMANDS)} (each takes --help); "
+        "it serves with: llamaswap --config PATH"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from llamaswap.migrate.command import import_config
 
         sys.exit(import_config(args[1:]))
+    if args and not args[0].startswith("-"):
+        # The server takes options only: a first word is a subcommand llamaswap lacks.
+        print(_unknown_command(args), file=sys.stderr)
+        sys.exit(2)
     options = _parser().parse_args(args)
     try:
         listen_address(options.listen)  # a bad --listen before the config is read

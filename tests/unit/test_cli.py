@@ -100,3 +100,42 @@ def test_help_names_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
     out = " ".join(capsys.readouterr().out.split())
     for command in ("llamaswap check-config", "llamaswap import-config", "llamaswap simulate"):
         assert command in out
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        # llama-swap users' word for it, --help included: an error, not the main help
+        (
+            ["migrate", "--help"],
+            "; to translate a llama-swap config, run: llamaswap import-config FILE -o config.toml",
+        ),
+        (
+            ["migrate", "my config.yaml"],
+            "; to translate a llama-swap config, run: "
+            "llamaswap import-config 'my config.yaml' -o config.toml",
+        ),
+        (["check"], "; did you mean 'check-config'?"),
+        (["serve", "--config", "config.toml"], ""),
+    ],
+)
+def test_an_unknown_command_is_an_error_naming_the_commands(
+    args: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"llamaswap: unknown command {args[0]!r}{hint}",
+        "llamaswap's commands are check-config, import-config, simulate (each takes --help); "
+        "it serves with: llamaswap --config PATH",
+    ]
+
+
+def test_the_main_form_still_takes_its_options_first(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--config", "/no/such/config.toml"])
+    assert exited.value.code == 2
+    assert "cannot read the file" in capsys.readouterr().err
