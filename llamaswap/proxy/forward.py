@@ -43,6 +43,7 @@ from llamaswap.errors import (
     MethodNotAllowed,
     ModelStartFailed,
     RequestError,
+    ShuttingDown,
     Unauthorized,
     UpstreamError,
 )
@@ -50,6 +51,7 @@ from llamaswap.observability import UsageTap
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.router.names import Names, Peer
+from llamaswap.router.router import CANCEL_GRACE
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
@@ -387,17 +389,29 @@ class Forwarder:
             try:
                 await self._handle(route, scope, headers, body, reply, exchange)
             except RequestError as exc:
-                exchange.error = str(exc)
-                if not isinstance(exc, ModelStartFailed):  # logged once, by its supervisor
-                    logger.info("%s %s: %s", scope["method"], scope["path"], exc)
-                messages = scope["path"] == anthropic.MESSAGES_PATH
-                await self._report(reply, exc, messages=messages)
+                await self._fail(scope, exchange, reply, exc)
+            except trio.Cancelled:
+                # The server's last cancel at shutdown reaches what still runs (a body still
+                # arriving, a peer's answer): tell its client, as a waiting request is told.
+                if self._router.shutting_down and not body.disconnected:
+                    with trio.CancelScope(shield=True) as telling:
+                        telling.deadline = trio.current_time() + CANCEL_GRACE
+                        await self._fail(scope, exchange, reply, ShuttingDown())
+                raise
             finally:
                 if body.disconnected and not exchange.finished and exchange.error is None:
                     exchange.error = CLIENT_LEFT
                 self._recorder.finish(exchange)
             if nursery.child_tasks:  # a watcher, if hypercorn has not ended it yet
                 nursery.cancel_scope.cancel()
+
+    async def _fail(
+        self, scope: HTTPScope, exchange: Exchange, reply: _Reply, error: RequestError
+    ) -> None:
+        exchange.error = str(error)
+        if not isinstance(error, ModelStartFailed):  # logged once, by its supervisor
+            logger.info("%s %s: %s", scope["method"], scope["path"], error)
+        await self._report(reply, error, messages=scope["path"] == anthropic.MESSAGES_PATH)
 
     async def _report(self, reply: _Reply, error: RequestError, *, messages: bool) -> None:
         """Answer ``error`` however much of the response has already gone out.

@@ -125,6 +125,8 @@ class Router:
         self._swap_nursery: trio.Nursery | None = None
         #: Tickets granted after their request had gone (a scheduler bug): to be finished.
         self._orphans: list[Ticket] = []
+        #: ``shutdown`` has begun: what is still running is cancelled at its end.
+        self.shutting_down = False
 
     def _supervisor(self, model_id: str, model: ModelConfig) -> ModelSupervisor:
         supervisor = ModelSupervisor(
@@ -441,6 +443,7 @@ class Router:
         ``ShuttingDown`` error (a JSON 503, or an error event on a stream) before its
         model is stopped, rather than cut off by the model's exit.
         """
+        self.shutting_down = True
         for scheduler in self._schedulers():
             self._decide("shutdown", scheduler, scheduler.on_shutdown, ShuttingDown())
         with trio.move_on_after(grace):

@@ -11,7 +11,9 @@ assertions are lower bounds only, which a loaded machine can only make larger.
 from __future__ import annotations
 
 import json
+import signal
 
+import h11
 import trio
 
 from tests.e2e.conftest import BOUND, StartProxy
@@ -111,3 +113,40 @@ async def test_waiting_and_streaming_for_longer_than_the_bounds_is_not_cut(
     assert b"data: [DONE]" in answer
     assert arrivals[0] > BOUND  # the client was silent through the 3 s load...
     assert arrivals[-1] > 2 * BOUND  # ...and the 3 s stream: all of it arrived
+
+
+async def test_a_body_still_arriving_at_shutdown_is_answered_503(
+    proxy_factory: StartProxy,
+) -> None:
+    """SIGTERM while a client is still sending its body: the client is told, as a JSON 503,
+    that llamaswap is shutting down (not given a bare 500 when the server's last cancel
+    reaches the request)."""
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    client = h11.Connection(h11.CLIENT)
+    fields = [("Host", "x"), ("Content-Type", "application/json"), ("Content-Length", "1000")]
+    request = h11.Request(
+        method="POST", target="/v1/chat/completions", headers=[*fields, ("Expect", "100-continue")]
+    )
+    async with await connect(proxy) as stream:
+
+        async def next_event() -> object:
+            while (event := client.next_event()) is h11.NEED_DATA:
+                client.receive_data(await stream.receive_some())
+            return event
+
+        with trio.fail_after(30):
+            await stream.send_all(client.send(request) or b"")
+            interim = await next_event()  # the request is being served
+            assert isinstance(interim, h11.InformationalResponse), interim
+            await stream.send_all(client.send(h11.Data(data=b'{"model": "m", ')) or b"")
+            proxy.process.send_signal(signal.SIGTERM)
+            response = await next_event()
+            body = b""
+            while isinstance(event := await next_event(), h11.Data):
+                body += event.data
+            assert isinstance(event, h11.EndOfMessage), event
+            assert await proxy.process.wait() == 0
+    assert isinstance(response, h11.Response), response
+    assert response.status_code == 503
+    assert json.loads(body)["error"]["code"] == "shutting_down"
+    assert "Traceback" not in proxy.output.text()
