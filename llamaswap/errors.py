@@ -163,9 +163,15 @@ def _quoted_name(name: str) -> str:
 
 
 class ModelNotFound(RequestError):
-    def __init__(self, model: str) -> None:
+    """``peer``: the name is that peer's model, which this route cannot reach."""
+
+    def __init__(self, model: str, *, peer: str | None = None) -> None:
         self.model = model
-        super().__init__(f"model {_quoted_name(model)} not found; GET /v1/models lists the models")
+        if peer is None:
+            why = "not found; GET /v1/models lists the models"
+        else:
+            why = f"belongs to the peer {peer!r}: llamaswap loads and unloads only its own models"
+        super().__init__(f"model {_quoted_name(model)} {why}")
 
 
 class MethodNotAllowed(RequestError):

@@ -297,7 +297,7 @@ def create_app(
     def local(name: str) -> str:
         target = router.names.resolve(name)
         if not isinstance(target, Local):
-            raise ModelNotFound(name)
+            raise ModelNotFound(name, peer=target.peer_id)
         return target.model_id
 
     @quart.errorhandler(RequestError)

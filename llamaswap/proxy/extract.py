@@ -99,7 +99,8 @@ def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
         kind = _JSON_KINDS.get(type(model), type(model).__name__)
         raise BadRequest(f"'model' must be a string (a model's name), got {kind}", param="model")
     if not model:
-        raise BadRequest("the request names no model: set the 'model' field", param="model")
+        fix = "add ?model=NAME to the URL" if where is ModelIn.QUERY else "set the 'model' field"
+        raise BadRequest(f"the request names no model: {fix}", param="model")
     return model
 
 

@@ -767,8 +767,8 @@ def _downstream_headers(
         dropped = dropped | {b"content-length"}
     headers = [(k, v) for k, v in response.headers if k not in dropped]
     headers.append((UPSTREAM_HEADER, model.encode()))
-    if content_type.startswith("text/event-stream"):
-        headers.append((b"x-accel-buffering", b"no"))
+    if content_type.startswith("text/event-stream") and not response.header(b"x-accel-buffering"):
+        headers.append((b"x-accel-buffering", b"no"))  # a peer llamaswap's has it already
     return headers
 
 

@@ -62,8 +62,21 @@ async def test_peers_are_reached_by_prefix_and_bare_name(proxy_factory: StartPro
                 assert response.status_code == 200, response.text
                 assert response.json()["model"] == "coder"
                 assert response.headers.get_list("x-llamaswap-upstream") == ["gpu2/coder"]
+            body = chat("gpu2/coder", stream=True)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                assert stream.status_code == 200
+                # The peer (a llamaswap) said it already: once is enough.
+                assert stream.headers.get_list("x-accel-buffering") == ["no"]
+                await stream.aread()
             listed = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
             assert listed == {"local", "gpu2/coder"}
+            for action in ("load", "unload"):
+                refused = await client.post(f"/api/models/{action}/gpu2/coder")
+                assert refused.status_code == 404
+                assert refused.json()["error"]["message"] == (
+                    "model 'gpu2/coder' belongs to the peer 'gpu2': "
+                    "llamaswap loads and unloads only its own models"
+                )
             assert await running(client) == {}  # peers bypass the local scheduler
     assert "loading model 'coder'" in back.output.text()
 

@@ -36,6 +36,10 @@ FORM_BODY = (
     b"Content-Type: audio/wav\r\n\r\nRIFF....\r\n"
     b'--xyz\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n--xyz--\r\n'
 )
+FORM_WITHOUT_MODEL = (
+    b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+    b"Content-Type: audio/wav\r\n\r\nRIFF....\r\n--xyz--\r\n"
+)
 
 
 def test_model_from_json_multipart_and_query() -> None:
@@ -62,6 +66,24 @@ def test_model_from_json_multipart_and_query() -> None:
 def test_bad_json_bodies_are_400(body: bytes, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         read_model(ModelIn.JSON, Payload(body, "application/json"), b"")
+
+
+@pytest.mark.parametrize(
+    ("where", "fix"),
+    [
+        (ModelIn.JSON, "set the 'model' field"),
+        (ModelIn.MULTIPART, "set the 'model' field"),
+        (ModelIn.QUERY, "add \\?model=NAME to the URL"),
+    ],
+)
+def test_a_request_naming_no_model_is_told_where_to_name_it(where: ModelIn, fix: str) -> None:
+    empty = (
+        Payload(b"{}", "application/json")
+        if where is ModelIn.JSON
+        else Payload(FORM_WITHOUT_MODEL, FORM)
+    )
+    with pytest.raises(BadRequest, match=f"^the request names no model: {fix}$"):
+        read_model(where, empty, b"x=1")
 
 
 def test_json_python_cannot_read_is_400() -> None:
