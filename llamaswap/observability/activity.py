@@ -71,6 +71,7 @@ class ActivityRecord:
     metadata: Mapping[str, Any]
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
+    request: int | None = None  # the request's number (``RequestInfo.id``), if admitted
 
     def to_json(self) -> dict[str, Any]:
         document = attrs.asdict(self, recurse=False)

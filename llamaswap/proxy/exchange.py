@@ -95,6 +95,7 @@ class Recorder:
             generation_tokens_per_second=(
                 None if usage is None else usage.generation_tokens_per_second
             ),
+            request=None if ticket is None else ticket.id,
         )
         self.activity.add(record)
         metrics = self.metrics

@@ -145,6 +145,7 @@ async def test_a_queued_request_is_listed_and_cancelled(
     assert "loading model 'alpha'" not in proxy.output.text()
     assert (record["status"], record["queue_wait_ms"]) == (499, None)
     assert "cancelled by an operator" in record["error"]
+    assert record["request"] == entry["id"]  # the number it was cancelled by
 
 
 @pytest.mark.parametrize("scheduler", ["fifo", "serial"])
@@ -182,6 +183,7 @@ async def test_a_loading_request_cancelled_kills_the_starting_process(
     cancelled_error(answers[0], entry["id"])
     assert record["status"] == 499
     assert record["queue_wait_ms"] is not None  # dispatched: its load had started
+    assert record["request"] == entry["id"]
 
 
 async def test_a_streaming_request_cancelled_ends_with_an_error_event(
