@@ -261,6 +261,32 @@ async def test_durations_change_unit_after_rounding(proxy_factory: StartProxy) -
 
 
 @needs_browser
+async def test_counts_are_singular_for_one_and_plural_otherwise(proxy_factory: StartProxy) -> None:
+    """format.js's plural, which every count on the page uses (it said "1 lines",
+    "2 problem(s)", "(1 request(s))")."""
+    proxy = await proxy_factory(config('[models.beta]\ncmd = "${fake}"'))
+
+    def body(tab: Tab) -> object:
+        tab.open()
+        page = tab.page
+        page.get_by_role("tab", name="Logs").click()
+        page.get_by_label("Search").fill("Running on http://")
+        expect(page.locator("#logs-count")).to_have_text(
+            re.compile(r"^1 matching of \d+ lines$"), timeout=WAIT
+        )
+        return page.evaluate(
+            """async () => {
+                const fmt = await import(new URL("js/format.js", document.baseURI).href);
+                const counts = [0, 1, 2].map((n) => fmt.plural(n, "line"));
+                return counts.concat([1, 3].map((n) => fmt.plural(n, "entry", "entries")));
+            }"""
+        )
+
+    shown = await in_browser(proxy.url, body)
+    assert shown == ["0 lines", "1 line", "2 lines", "1 entry", "3 entries"]
+
+
+@needs_browser
 async def test_load_unload_and_cancel_a_load_from_the_page(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(MODELS)
     async with proxy.client() as client:
@@ -296,7 +322,17 @@ async def test_load_unload_and_cancel_a_load_from_the_page(proxy_factory: StartP
             expect(state_of(slow)).to_have_text("starting", timeout=WAIT)
             cancel.click()
             expect(state_of(slow)).to_have_text("stopped", timeout=WAIT)
-            expect(page.locator("#toasts")).to_contain_text("Cancelled the load of slow")
+            # The page's load has its answer (a 499) once Load is offered again.
+            expect(slow.get_by_role("button", name="Load slow", exact=True)).to_be_enabled()
+            # One toast for one click: not also "Load of slow ended: ... was cancelled".
+            toasts = page.locator("#toasts .toast", has_text="slow")
+            expect(toasts.locator(".toast-text")).to_have_text(
+                ["Cancelled the load of slow (1 request)"]
+            )
+            # A toast can be closed, with the keyboard too.
+            toasts.get_by_role("button", name="Dismiss").focus()
+            page.keyboard.press("Enter")
+            expect(toasts).to_have_count(0)
             assert page.evaluate("window.sameDocument") is True
             # The page's own load request was the one cancelled: its 499 is logged.
             assert all("status of 499" in error for error in tab.errors), tab.errors
@@ -558,6 +594,145 @@ async def test_the_logs_tab_follows_the_log_again_after_llamaswap_restarts(
 
 
 @needs_browser
+async def test_after_llamaswap_restarts_the_activity_table_is_the_new_process_s(
+    proxy_factory: StartProxy,
+) -> None:
+    """Without a [store] a restarted llamaswap numbers its records from 1 again. The page
+    kept its records by ID across the reconnection and drew each row once ("a record never
+    changes"): the new records overwrote old ones unseen while the old rows stayed, and the
+    Model filter showed the wrong rows. The snapshot now replaces what the page had."""
+    text = config('[models.alpha]\ncmd = "${fake}"\n[models.beta]\ncmd = "${fake}"')
+    first = await proxy_factory(text)
+    address = first.url.removeprefix("http://")
+    async with first.client() as client:
+        with trio.fail_after(30):
+            for _ in range(3):
+                answer = await client.post("/v1/chat/completions", json=chat("beta"))
+                assert answer.status_code == 200
+
+    async def restart() -> list[dict[str, Any]]:
+        await first.terminate()
+        again = await proxy_factory(text, args=("--listen", address))
+        async with again.client() as client:
+            answer = await client.post("/v1/chat/completions", json=chat("alpha"))
+            assert answer.status_code == 200
+            records: list[dict[str, Any]] = (await client.get("/api/activity")).json()["activity"]
+            return records
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        expect(tab.column("model")).to_have_text(["beta"] * 3, timeout=WAIT)
+        records = blocking(restart)
+        assert [record["model"] for record in records] == ["alpha"]
+        # The table is GET /api/activity's, whenever the page reconnected.
+        ids = [str(record["id"]) for record in records]
+        expect(tab.column("id")).to_have_text(ids, timeout=WAIT)
+        expect(tab.column("model")).to_have_text(["alpha"])
+        expect(page.locator("#activity-count")).to_have_text("1 record")
+        model = page.locator("#activity-filters").get_by_label("Model")
+        model.select_option("beta")
+        expect(page.locator("#activity-empty")).to_be_visible(timeout=WAIT)
+        expect(page.locator("#activity tbody tr")).to_have_count(0)
+        model.select_option("alpha")
+        expect(tab.column("id")).to_have_text(ids, timeout=WAIT)
+        assert all("ERR_CONNECTION_REFUSED" in error for error in tab.errors), tab.errors
+
+    await in_browser(first.url, body)
+
+
+@needs_browser
+async def test_while_llamaswap_is_down_the_page_is_stale_and_its_buttons_off(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """Killed, llamaswap left a page that looked live ("In flight 1", a queued request's
+    wait counting up) with every button on, each click a "Failed to fetch" toast. Now
+    the panels are dimmed with a note, their clock stops, the buttons are off, and the
+    new process's snapshot puts it all right."""
+    text = config(
+        '[models.alpha]\ncmd = "${fake} --tokens-per-second 10"\n'
+        '[routing.scheduler]\nuse = "serial"'
+    )
+    first = await proxy_factory(text)
+    address = first.url.removeprefix("http://")
+    ids: dict[str, int] = {}
+    async with first.client() as client, trio.open_nursery() as nursery:
+
+        async def send(max_tokens: int) -> None:
+            with contextlib.suppress(httpx.HTTPError):  # llamaswap dies under it
+                await client.post(
+                    "/v1/chat/completions", json=chat("alpha", max_tokens=max_tokens)
+                )
+
+        with trio.fail_after(30):
+            known: set[int] = set()
+            nursery.start_soon(send, 600)  # a minute at 10 tokens/s
+            ids["holder"] = await new_request(client, known, "serving")
+            nursery.start_soon(send, 1)
+            ids["queued"] = await new_request(client, known, "queued")
+
+        async def kill() -> None:
+            first.process.kill()  # its models die with it (the lifeline)
+            await first.process.wait()
+
+        async def start_again() -> None:
+            await proxy_factory(text, args=("--listen", address))
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            main, gate = page.locator("main"), page.locator("#gate")
+            alpha = tab.model("alpha")
+            unload = alpha.get_by_role("button", name="Unload alpha")
+            queued = page.locator(f'#waiting tbody tr[data-key="{ids["queued"]}"]')
+            cancel = queued.get_by_role("button", name="Cancel")
+            reload = page.get_by_role("button", name="Reload config")
+            play = page.get_by_role("button", name="Send", exact=True, include_hidden=True)
+            expect(alpha.locator('[data-role="inflight"]')).to_have_text("1", timeout=WAIT)
+            for button in (unload, cancel, reload, play):
+                expect(button).to_be_enabled(timeout=WAIT)
+            expect(gate).to_be_hidden()
+            reload.click()
+            expect(page.locator("#reload-summary")).to_contain_text(
+                "nothing changed", timeout=WAIT
+            )
+
+            blocking(kill)
+            expect(page.locator("#conn")).to_have_attribute("data-state", "retrying", timeout=WAIT)
+            expect(main).to_have_class(re.compile(r"\bstale\b"))
+            expect(gate).to_contain_text("Not live: this is the last state llamaswap sent")
+            expect(page.locator(".live-grid")).to_have_css("opacity", "0.55")
+            for button in (unload, cancel, reload, play):
+                expect(button).to_be_disabled()
+            # Its clock is stopped: the wait shown stays while the header counts down.
+            waited = queued.locator('[data-role="waited"]')
+            countdown = page.locator("#conn-text")
+            before, said = waited.inner_text(), countdown.inner_text()
+            expect(countdown).not_to_have_text(said, timeout=WAIT)
+            expect(waited).to_have_text(before)
+            page.screenshot(path=tmp_path / "stale.png")
+
+            blocking(start_again)
+            expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
+            expect(main).not_to_have_class(re.compile(r"\bstale\b"))
+            expect(gate).to_be_hidden()
+            expect(page.locator("#waiting tbody tr")).to_have_count(0)
+            expect(state_of(alpha)).to_have_text("stopped")
+            # The last reload's result was the old process's: gone with it.
+            expect(page.locator("#reload-summary")).to_be_hidden()
+            for button in (alpha.get_by_role("button", name="Load alpha", exact=True), reload):
+                expect(button).to_be_enabled()
+            # Only the streams it cut (killed) and the tries while it was down.
+            cut = re.compile(
+                r"net::ERR_(INCOMPLETE_CHUNKED_ENCODING|CONNECTION_RESET|CONNECTION_REFUSED)$"
+            )
+            assert all(cut.search(error) for error in tab.errors), tab.errors
+
+        await in_browser(first.url, body)
+        nursery.cancel_scope.cancel()
+
+
+@needs_browser
 async def test_the_model_pickers_offer_the_models_the_cards_show(
     proxy_factory: StartProxy, tmp_path: Path
 ) -> None:
@@ -633,7 +808,7 @@ async def test_the_playground_follows_its_request_through_the_load(
             expect(card.locator(f'[data-step="{step}"]')).to_have_class("done")
         expect(card.locator(".run-head strong")).to_have_text(re.compile(r"^#\d+$"))
         expect(card.locator(".run-out")).to_have_text(re.compile(r"^\S+( \S+){4}$"))
-        expect(card.locator(".run-note")).to_contain_text("5 chunk(s)")
+        expect(card.locator(".run-note")).to_contain_text("5 chunks")
         expect(state_of(tab.model("alpha"))).to_have_text("ready", timeout=WAIT)
         assert tab.errors == []
 
@@ -669,7 +844,16 @@ async def test_the_reload_button_and_the_result_of_the_last_reload(
         button.click()
         expect(summary).to_contain_text("Reload refused", timeout=WAIT)
         summary.click()
-        expect(page.locator("#reload-details")).to_contain_text("models.delta.ttl", timeout=WAIT)
+        details = page.locator("#reload-details")
+        expect(details).to_contain_text("models.delta.ttl", timeout=WAIT)
+        expect(summary).to_have_attribute("aria-expanded", "true")
+        # In the page's flow, under the header: it covers no panel (it was an overlay).
+        opened, models = details.bounding_box(), page.locator("#models-panel").bounding_box()
+        assert opened is not None
+        assert models is not None
+        assert opened["y"] + opened["height"] <= models["y"]
+        summary.press("Enter")  # and it closes again, from the keyboard too
+        expect(details).to_be_hidden()
         expect(state_of(tab.model("gamma"))).to_have_text("stopped")  # the config stays
         assert all("status of 400" in error for error in tab.errors), tab.errors
 
@@ -699,6 +883,18 @@ async def test_with_api_keys_the_page_is_refused_until_a_key_is_given(
         expect(page.locator("#models article")).to_have_count(0)
         expect(page.locator("#conn")).not_to_have_attribute("data-state", "live")
 
+        # The prompt dismissed: the page says a key is needed, and shows no empty panels
+        # (it showed "No models yet.", "0 records", "No requests yet.").
+        page.keyboard.press("Escape")
+        expect(dialog).to_be_hidden(timeout=WAIT)
+        expect(page.locator("#gate")).to_contain_text("An API key is needed", timeout=WAIT)
+        for empty in ("No models yet.", "No requests yet.", "Nothing waits."):
+            expect(page.get_by_text(empty)).to_be_hidden()
+        expect(page.locator("#activity-count")).to_be_hidden()
+        expect(page.locator("#bands")).to_be_hidden()
+        page.get_by_role("button", name="API key").click()
+        expect(dialog).to_be_visible(timeout=WAIT)
+
         page.get_by_label("Key", exact=True).fill("sk-wrong")
         page.get_by_role("button", name="Use key").click()
         expect(page.locator("#key-error")).to_have_text("That key was refused.", timeout=WAIT)
@@ -710,6 +906,8 @@ async def test_with_api_keys_the_page_is_refused_until_a_key_is_given(
         expect(dialog).to_be_hidden(timeout=WAIT)
         expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=WAIT)
         expect(state_of(tab.model("beta"))).to_have_text("stopped", timeout=WAIT)
+        expect(page.locator("#gate")).to_be_hidden()
+        expect(page.get_by_text("No requests yet.")).to_be_visible()
         assert authorizations[-1] == "Bearer sk-ui-1"
         assert None in authorizations  # the first try, before the key was asked for
 

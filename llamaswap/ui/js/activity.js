@@ -25,8 +25,8 @@ const bandRank = (band) => (band ? fmt.BANDS.length - fmt.BANDS.indexOf(band) : 
 const COLUMNS = [
   { id: "time", label: "Time", value: (r) => r.time, text: (r) => fmt.isoClock(r.time), title: (r) => r.time },
   { id: "id", label: "ID", num: true, value: (r) => r.id },
-  { id: "model", label: "Model", value: (r) => r.model || null },
-  { id: "route", label: "Route", value: (r) => `${r.method} ${r.path}` },
+  { id: "model", label: "Model", value: (r) => r.model || null, clip: true },
+  { id: "route", label: "Route", value: (r) => `${r.method} ${r.path}`, clip: true },
   { id: "status", label: "Status", num: true, value: (r) => r.status, bad: (r) => r.status >= 400 },
   { id: "priority", label: "Priority", num: true, value: (r) => r.priority, text: (r) => fmt.priority(r.priority) },
   { id: "band", label: "Band", value: (r) => bandRank(r.band), text: (r) => fmt.bandLabel(r.band), band: true },
@@ -219,6 +219,10 @@ export function mountActivity(store) {
     } else td.append(text);
     if (column.bad?.(record)) td.classList.add("status-bad");
     if (column.title) td.title = column.title(record);
+    if (column.clip) {
+      td.classList.add("clip"); // a long model ID ends in "…": the whole of it on hover
+      td.title = text;
+    }
     return td;
   }
 
@@ -231,8 +235,13 @@ export function mountActivity(store) {
     return row;
   }
 
+  const shownIn = new WeakMap(); // row → the record it shows
+
   function updateRow(row, record) {
-    if (row.dataset.layout === String(layout)) return; // records never change
+    // A record never changes, but an ID can name another one: a restarted llamaswap
+    // without a [store] numbers its records from 1 again.
+    if (shownIn.get(row) === record && row.dataset.layout === String(layout)) return;
+    shownIn.set(row, record);
     row.dataset.layout = String(layout);
     row.replaceChildren(...order.map((id) => cell(BY_ID.get(id), record)));
   }
@@ -253,9 +262,8 @@ export function mountActivity(store) {
     const rows = [...records.values()].filter(matches).sort(compare).slice(0, SHOWN);
     syncList(body, rows, (record) => record.id, createRow, updateRow);
     $("#activity-empty").hidden = rows.length > 0;
-    const total = records.size;
-    const records_ = total === 1 ? "record" : "records";
-    setText($("#activity-count"), rows.length === total ? `${total} ${records_}` : `${rows.length} of ${total} ${records_}`);
+    const total = fmt.plural(records.size, "record");
+    setText($("#activity-count"), rows.length === records.size ? total : `${rows.length} of ${total}`);
   });
 
   // ------------------------------------------------------------ filters
@@ -271,11 +279,13 @@ export function mountActivity(store) {
     const chosen = select.value;
     select.replaceChildren(...wanted.map((model) => h("option", { value: model }, model || "any")));
     select.value = wanted.includes(chosen) ? chosen : "";
+    select.title = select.value;
   }
 
   const bandSelect = form.elements.band;
   for (const band of fmt.BANDS) bandSelect.append(h("option", { value: band }, fmt.bandLabel(band)));
   form.addEventListener("change", () => {
+    form.elements.model.title = form.elements.model.value; // it may be clipped
     render();
     fetchRecords();
   });
@@ -291,6 +301,10 @@ export function mountActivity(store) {
 
   store.on((what, detail) => {
     if (what === "snapshot") {
+      // The snapshot replaces what the page had: after a restart the old records are
+      // gone (GET /api/activity no longer has them) and their IDs are used again.
+      records.clear();
+      fresh.clear();
       for (const record of store.activity) add(record);
       fetchRecords(); // a fresh connection: whatever finished while we were away
     } else if (what === "activity") {

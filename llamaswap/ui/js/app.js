@@ -78,11 +78,13 @@ async function follow() {
           controller.abort(); // we fell behind: start again from a fresh snapshot, now
           break;
         }
+        const afterBreak = event.type === "snapshot" && store.stale;
         if (event.type === "snapshot") {
           store.setConnection("live");
           delay = 1000;
         }
         store.apply(event);
+        if (afterBreak) dropReloadResult(); // llamaswap may have restarted, with another config
       }
     } catch (error) {
       if (!controller.signal.aborted) console.warn("llamaswap: event stream:", error.message);
@@ -112,13 +114,40 @@ function renderConnection() {
   }
   setText($("#conn-text"), text);
   setText($("#sched"), store.scheduler ? `scheduler: ${store.scheduler}` : "");
+
+  // Nothing is shown before the first snapshot, nor while a key is wanted: empty panels
+  // would read as "no models, no requests". After the stream broke the panels stay,
+  // dimmed and with their buttons off, until a fresh snapshot.
+  const shown = store.synced && state !== "key";
+  let note = "";
+  if (state === "key") note = "An API key is needed: nothing is shown until one is accepted (the API key button above asks for it).";
+  else if (!store.synced) note = state === "retrying" ? "llamaswap does not answer yet." : "Connecting to llamaswap…";
+  else if (store.stale) note = "Not live: this is the last state llamaswap sent. The buttons come back when the page reconnects.";
+  setText($("#gate"), note);
+  $("#gate").hidden = note === "";
+  for (const part of document.querySelectorAll("main > .panel, main > .live-grid")) part.hidden = !shown;
+  $("#main").classList.toggle("stale", store.stale);
+  $("#reload-btn").disabled = store.stale || reloading;
 }
 
 const CHANGE_KINDS = ["added", "removed", "restarted", "updated", "settings", "at_start"];
 
+// The result's details open under the header, in the page's flow: they push the panels
+// down rather than cover them. The summary opens and closes them.
+function showReloadDetails(open) {
+  $("#reload-summary").setAttribute("aria-expanded", String(open));
+  $("#reload-details").hidden = !open;
+}
+
+function dropReloadResult() {
+  store.lastReload = null;
+  $("#reload-summary").hidden = true;
+  showReloadDetails(false);
+}
+
 function renderReload() {
   const result = store.lastReload;
-  const box = $("#reload-result");
+  const box = $("#reload-summary");
   if (result === null) return;
   box.hidden = false;
   box.dataset.ok = String(result.ok);
@@ -144,15 +173,17 @@ function renderReload() {
     const problems = result.problems ?? [];
     setText(
       $("#reload-summary"),
-      `Reload refused at ${when} (${result.trigger ?? "api"}): ${problems.length} problem(s); the running config stays`,
+      `Reload refused at ${when} (${result.trigger ?? "api"}): ${fmt.plural(problems.length, "problem")}; the running config stays`,
     );
     details.append(h("ul", {}, problems.map((problem) => h("li", {}, problem))));
   }
 }
 
+let reloading = false;
+
 async function reloadConfig() {
-  const button = $("#reload-btn");
-  button.disabled = true;
+  reloading = true;
+  renderConnection();
   try {
     const result = await api.post("api/config/reload");
     store.lastReload = { ...result, at: Date.now() };
@@ -163,7 +194,8 @@ async function reloadConfig() {
       toast(`Reload failed: ${error.message}`, { bad: true });
     }
   } finally {
-    button.disabled = false;
+    reloading = false;
+    renderConnection();
   }
   renderReload();
 }
@@ -227,6 +259,9 @@ setInterval(() => {
 }, 1000);
 
 $("#reload-btn").addEventListener("click", reloadConfig);
+$("#reload-summary").addEventListener("click", (event) => {
+  showReloadDetails(event.currentTarget.getAttribute("aria-expanded") !== "true");
+});
 mountModels(store);
 mountQueue(store);
 const activity = mountActivity(store);

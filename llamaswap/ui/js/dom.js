@@ -77,10 +77,19 @@ export function batched(render) {
   };
 }
 
-// A short message in the corner (also read out by screen readers).
+// A short message in the corner (also read out by screen readers), with a button to
+// close it. Long text (a failed load quotes its server's last lines) is clipped to a few
+// lines: the whole of it is in the title, and where it belongs (the Activity row). It
+// goes by itself after a while, but not while the pointer or the focus is on it.
 export function toast(message, { bad = false } = {}) {
   const box = document.getElementById("toasts");
-  const el = h("div", { class: bad ? "toast bad" : "toast" }, message);
+  const close = h("button", { type: "button", class: "quiet close", "aria-label": "Dismiss", title: "Dismiss" }, "×");
+  const el = h("div", { class: bad ? "toast bad" : "toast" }, h("span", { class: "toast-text", title: message }, message), close);
+  close.addEventListener("click", () => el.remove());
   box.append(el);
-  setTimeout(() => el.remove(), bad ? 8000 : 4000);
+  const expire = () => {
+    if (el.matches(":hover, :focus-within")) setTimeout(expire, 1000);
+    else el.remove();
+  };
+  setTimeout(expire, bad ? 8000 : 4000);
 }

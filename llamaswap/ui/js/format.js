@@ -57,3 +57,8 @@ export function ago(ms) {
   if (s < 60) return `${s}s`;
   return duration(s * 1000);
 }
+
+// "1 line", "2 lines", "0 lines": a count and its noun, singular only for exactly one.
+export function plural(count, one, many = `${one}s`) {
+  return `${count} ${count === 1 ? one : many}`;
+}

@@ -7,6 +7,7 @@
 
 import * as api from "./api.js";
 import { $, h, setText } from "./dom.js";
+import * as fmt from "./format.js";
 
 const KEPT = 5000;
 const DROPPED = /^\[\d+ lines dropped: this reader is too slow\]$/;
@@ -78,7 +79,8 @@ export function mountLogs(store) {
     const q = query();
     const count = pre.childElementCount;
     const total = source.value === "-" ? lines.filter(fromSource).length : lines.length;
-    setText($("#logs-count"), q ? `${count} matching of ${total} lines` : `${total} lines`);
+    const all = fmt.plural(total, "line");
+    setText($("#logs-count"), q ? `${count} matching of ${all}` : all);
     if (follow.checked) pre.scrollTop = pre.scrollHeight;
   }
 
@@ -135,6 +137,7 @@ export function mountLogs(store) {
   }
 
   source.addEventListener("change", () => {
+    source.title = source.value; // a long model ID may be clipped
     if (shown) open();
   });
   search.addEventListener("input", renderAll);

@@ -8,6 +8,7 @@ import * as fmt from "./format.js";
 export function mountModels(store) {
   const grid = $("#models");
   const loading = new Set(); // models this page asked to load and is waiting for
+  const cancelled = new Set(); // ... and whose load this page's Cancel load ended
 
   async function load(id) {
     loading.add(id);
@@ -16,9 +17,13 @@ export function mountModels(store) {
       await api.post(`api/models/load/${encodeURIComponent(id)}`);
       toast(`${id} is ready`);
     } catch (error) {
-      toast(`Load of ${id} ended: ${error.message}`, { bad: error.code !== "request_cancelled" });
+      // Cancel load says so itself: one toast for one click.
+      if (!(error.code === "request_cancelled" && cancelled.has(id))) {
+        toast(`Load of ${id} ended: ${error.message}`, { bad: error.code !== "request_cancelled" });
+      }
     } finally {
       loading.delete(id);
+      cancelled.delete(id);
       render();
     }
   }
@@ -38,12 +43,14 @@ export function mountModels(store) {
     const waiting = [...store.requests.values()].filter(
       (request) => request.model === id && request.state === "loading",
     );
+    if (loading.has(id)) cancelled.add(id); // its request is among them
     const results = await Promise.allSettled(
       waiting.map((request) => api.post(`api/inflight/${request.id}/cancel`)),
     );
     const failed = results.filter((result) => result.status === "rejected");
+    if (failed.length) cancelled.delete(id); // its load may still end: say so then
     if (failed.length) toast(`Cancel failed: ${failed[0].reason.message}`, { bad: true });
-    else toast(`Cancelled the load of ${id} (${waiting.length} request(s))`);
+    else toast(`Cancelled the load of ${id} (${fmt.plural(waiting.length, "request")})`);
   }
 
   function create(model) {
@@ -92,7 +99,7 @@ export function mountModels(store) {
   const part = (el, role) => el.querySelector(`[data-role="${role}"]`);
 
   function update(el, model) {
-    const now = Date.now();
+    const now = store.now(); // stopped while the page is stale
     const info = store.listed.get(model.id);
     el.dataset.state = model.state;
     const state = part(el, "state");
@@ -129,10 +136,11 @@ export function mountModels(store) {
     const waitingForLoad = [...store.requests.values()].some(
       (request) => request.model === model.id && request.state === "loading",
     );
-    part(el, "load").disabled = model.state !== "stopped" || loading.has(model.id);
-    part(el, "unload").disabled = model.state === "stopped";
+    // Stale (not connected): the state shown may be gone, and any click would fail.
+    part(el, "load").disabled = store.stale || model.state !== "stopped" || loading.has(model.id);
+    part(el, "unload").disabled = store.stale || model.state === "stopped";
     part(el, "cancel").hidden = !(model.state === "starting" || waitingForLoad);
-    part(el, "cancel").disabled = !waitingForLoad;
+    part(el, "cancel").disabled = store.stale || !waitingForLoad;
   }
 
   const render = batched(() => {
@@ -144,7 +152,7 @@ export function mountModels(store) {
   });
 
   store.on((what) => {
-    if (["snapshot", "models", "requests", "tick"].includes(what)) render();
+    if (["snapshot", "models", "requests", "tick", "connection"].includes(what)) render();
   });
   render();
 }

@@ -20,7 +20,7 @@ export function mountPlayground(store) {
   const modelSelect = $("#play-model");
   const list = $("#runs");
   const runs = [];
-  let newest = -1; // the highest request ID seen: IDs only grow, so a card's is above it
+  let newest = -1; // the highest request ID seen: IDs only grow (until a restart), so a card's is above it
 
   function renderModels() {
     const local = store.visibleModels().map((model) => model.id).sort();
@@ -95,7 +95,7 @@ export function mountPlayground(store) {
     const rate = run.firstTokenAt !== null && tokens > 1 ? ((tokens - 1) * 1000) / ((run.lastTokenAt ?? now) - run.firstTokenAt) : null;
     const parts = [];
     if (firstAfter !== null) parts.push(`first token after ${fmt.duration(firstAfter)}`);
-    parts.push(`${tokens} chunk(s)`);
+    parts.push(fmt.plural(tokens, "chunk"));
     if (rate !== null && Number.isFinite(rate)) parts.push(`${fmt.number(rate, 1)} tok/s`);
     if (run.waitedMs !== null) parts.push(`queue wait ${fmt.duration(run.waitedMs)}`);
     if (run.score !== null) parts.push(`score at its pick ${fmt.score(run.score)}`);
@@ -240,10 +240,19 @@ export function mountPlayground(store) {
   }
 
   store.on((what, detail) => {
+    if (what === "connection") {
+      // Not connected: a message would only fail.
+      for (const button of form.querySelectorAll("button")) button.disabled = store.stale;
+    }
     if (what === "requests" && detail) onRequest(detail);
     else if (what === "tick" || what === "queue") {
       for (const run of runs) if (!run.finished) paint(run);
     } else if (what === "snapshot" || what === "models") {
+      if (what === "snapshot") {
+        // A restarted llamaswap numbers its requests from 1 again: count from the snapshot.
+        newest = Math.max(-1, ...store.requests.keys());
+        for (const run of runs) if (run.id === null) run.after = Math.min(run.after, newest);
+      }
       renderModels();
     }
   });

@@ -27,9 +27,10 @@ export function mountQueue(store) {
     }
   }
 
-  // Time in the queue, counted on from the last event while it waits.
+  // Time in the queue, counted on from the last event while it waits (and while the page
+  // is live: a stale page's clock is stopped).
   const waited = (request) =>
-    request.state === "queued" ? request.waited_ms + (performance.now() - request.at) : request.waited_ms;
+    request.state === "queued" ? request.waited_ms + (store.monoNow() - request.at) : request.waited_ms;
 
   const cancelButton = (request) => {
     const button = h("button", { type: "button", class: "danger", "data-role": "cancel" }, "Cancel");
@@ -39,7 +40,7 @@ export function mountQueue(store) {
   };
 
   const requestCell = (request) =>
-    h("td", {}, h("span", { class: "req-id" }, `#${request.id}`), " ", h("span", { class: "req-model" }, request.model));
+    h("td", {}, h("span", { class: "req-id" }, `#${request.id}`), " ", h("span", { class: "req-model", title: request.model }, request.model));
 
   const bandCell = (request) =>
     h(
@@ -65,7 +66,7 @@ export function mountQueue(store) {
     setText(row.querySelector('[data-role="pos"]'), entry.position);
     setText(row.querySelector('[data-role="score"]'), fmt.score(entry.score));
     setText(row.querySelector('[data-role="waited"]'), fmt.duration(waited(entry.request)));
-    row.querySelector('[data-role="cancel"]').disabled = cancelling.has(entry.request.id);
+    row.querySelector('[data-role="cancel"]').disabled = store.stale || cancelling.has(entry.request.id);
   }
 
   function createRunning(request) {
@@ -87,7 +88,7 @@ export function mountQueue(store) {
     setText(state, request.state);
     setText(row.querySelector('[data-role="score"]'), fmt.score(request.score));
     setText(row.querySelector('[data-role="waited"]'), fmt.duration(waited(request)));
-    row.querySelector('[data-role="cancel"]').disabled = cancelling.has(request.id);
+    row.querySelector('[data-role="cancel"]').disabled = store.stale || cancelling.has(request.id);
   }
 
   function createBand(band) {
@@ -103,7 +104,7 @@ export function mountQueue(store) {
 
   const render = batched(() => {
     const queue = store.queue;
-    const since = performance.now() - queue.at;
+    const since = store.monoNow() - queue.at;
     const depths = fmt.BANDS.map((band) => queue.bands?.[band]?.depth ?? 0);
     const most = Math.max(1, ...depths);
     syncList(bandsBody, fmt.BANDS, (band) => band, createBand, (row, band) => {
@@ -156,7 +157,8 @@ export function mountQueue(store) {
 
   store.on((what, detail) => {
     if (what === "requests" && FINISHED.has(detail.state)) cancelling.delete(detail.id);
-    if (["snapshot", "queue", "requests", "tick"].includes(what)) render();
+    if (what === "snapshot") cancelling.clear(); // the snapshot says what is left (IDs may start again)
+    if (["snapshot", "queue", "requests", "tick", "connection"].includes(what)) render();
   });
   render();
 }

@@ -20,6 +20,12 @@ export class Store {
   constructor() {
     this.listeners = new Set();
     this.connection = { state: "connecting", retryAt: null };
+    this.synced = false; // a snapshot has come: there is something to show
+    // Not live since the event stream broke (or a key is wanted): what the page shows is
+    // the last state it heard, its clock stopped at that moment (`frozen`) so that nothing
+    // counts on, and its buttons are off until a fresh snapshot.
+    this.stale = false;
+    this.frozen = null;
     this.lastReload = null;
     this.listed = new Map(); // /v1/models entries of local models, by ID
     this.peers = [];
@@ -46,7 +52,24 @@ export class Store {
 
   setConnection(state, retryAt = null) {
     this.connection = { state, retryAt };
+    // "connecting" alone is not stale: the page reconnects at once after a reload.
+    if (state === "retrying" || state === "key") {
+      this.stale = true;
+      this.frozen ??= { wall: Date.now(), mono: performance.now() };
+    } else if (state === "live") {
+      this.stale = false;
+      this.frozen = null;
+    }
     this.emit("connection");
+  }
+
+  // Date.now() and performance.now(), stopped while the page is stale.
+  now() {
+    return this.frozen?.wall ?? Date.now();
+  }
+
+  monoNow() {
+    return this.frozen?.mono ?? performance.now();
   }
 
   // ------------------------------------------------------------------ events
@@ -81,12 +104,20 @@ export class Store {
     this.scheduler = event.scheduler;
     for (const entry of event.models) {
       const model = this.model(entry.model, previous.get(entry.model));
+      if (model.state !== entry.state || model.pid !== entry.pid) {
+        // Not the state this page followed (llamaswap may have restarted): what it
+        // measured of that one no longer holds. GET /v1/models says the rest.
+        model.loadedSince = null;
+        model.ttlDeadline = null;
+        model.loadStarted = null;
+      }
       model.state = entry.state;
       model.pid = entry.pid;
     }
     for (const request of event.requests) this.requests.set(request.id, this.stamp(request));
     this.queue = { ...event.queue, scores: event.queue.scores ?? [], at: performance.now() };
     this.activity = [...event.activity];
+    this.synced = true;
     this.emit("snapshot");
     this.refreshModels();
   }
