@@ -440,6 +440,8 @@ async def test_the_activity_table_sorts_filters_moves_columns_and_updates_live(
             ids = [int(text) for text in tab.column("id").all_inner_texts()]
             assert ids == sorted(ids, reverse=True)  # newest first
             expect(tab.column("status")).to_have_text(["404", "200", "200", "200"])
+            # The request number the queue showed (#N); none for one never queued.
+            expect(tab.column("request")).to_have_text(["—", "#2", "#1", "#0"])
             expect(tab.column("priority")).to_have_text(["0", "0", "-100", "+100"])
             expect(tab.column("band")).to_have_text(["normal", "normal", "batch", "interactive"])
 

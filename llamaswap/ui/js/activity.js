@@ -25,6 +25,8 @@ const bandRank = (band) => (band ? fmt.BANDS.length - fmt.BANDS.indexOf(band) : 
 const COLUMNS = [
   { id: "time", label: "Time", value: (r) => r.time, text: (r) => fmt.isoClock(r.time), title: (r) => r.time },
   { id: "id", label: "ID", num: true, value: (r) => r.id },
+  // The request's number, as the queue and the log show it (#N): none if never queued.
+  { id: "request", label: "Request", num: true, value: (r) => r.request ?? null, text: (r) => (r.request == null ? null : `#${r.request}`) },
   { id: "model", label: "Model", value: (r) => r.model || null, clip: true },
   { id: "route", label: "Route", value: (r) => `${r.method} ${r.path}`, clip: true },
   { id: "status", label: "Status", num: true, value: (r) => r.status, bad: (r) => r.status >= 400 },
