@@ -23,7 +23,10 @@ first point; the others make a small request more than a quarter cheaper
   a pass of Trio's run loop (about 40 k instructions);
 * **the application is told the moment its client leaves**: the request's
   ``llamaswap.client_left`` scope extension (``ClientLeft``) is called as its
-  ``http.disconnect`` is handed over, so that no task has to wait for that message.
+  ``http.disconnect`` is handed over, so that no task has to wait for that message;
+* **a request h11 cannot read is refused with llamaswap's JSON error** (SPEC §4.3): 431
+  ``request_head_too_large`` for a head over ``h11_max_incomplete_size``, 400
+  ``invalid_request`` for one that is not HTTP/1.1. hypercorn's refusal had no body.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import h11
 import hypercorn.config
+import hypercorn.protocol.h11
 import hypercorn.trio.run
 import hypercorn.trio.task_group
 import hypercorn.trio.tcp_server
@@ -41,10 +46,12 @@ import hypercorn.typing
 import trio
 from hypercorn.events import Closed, Event, RawData
 
+from llamaswap.errors import BadRequest, HeadTooLarge, RequestError
+from llamaswap.proxy.errors import error_response
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
 from llamaswap.proxy.upstream import send_now
 
-__all__ = ["IdleTimer", "TCPServer", "TaskGroup"]
+__all__ = ["IdleTimer", "TCPServer", "TaskGroup", "refuse_unreadable"]
 
 
 class IdleTimer:
@@ -179,5 +186,24 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             timer.end()
 
 
+async def refuse_unreadable(self: hypercorn.protocol.h11.H11Protocol, status_code: int) -> None:
+    """hypercorn's answer to a request h11 cannot read (``status_code``: h11's hint, 431
+    for a head too large, else 400), with llamaswap's JSON error body; the connection
+    closes after it, as hypercorn's did."""
+    error: RequestError
+    if status_code == 431:
+        error = HeadTooLarge(self.config.h11_max_incomplete_size)
+    else:
+        error = BadRequest("the request is not valid HTTP/1.1")
+    _, headers, body = error_response(error)
+    fields = [(name.encode(), value.encode()) for name, value in headers]
+    fields += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    fields += self.config.response_headers("h11")
+    await self._send_h11_event(h11.Response(status_code=status_code, headers=fields))
+    await self._send_h11_event(h11.Data(data=body))
+    await self._send_h11_event(h11.EndOfMessage())
+
+
+hypercorn.protocol.h11.H11Protocol._send_error_response = refuse_unreadable  # type: ignore[method-assign]
 hypercorn.trio.run.TCPServer = TCPServer  # type: ignore[attr-defined]
 hypercorn.trio.tcp_server.TaskGroup = TaskGroup  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── RequestTimeout          408  the request body stopped arriving
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
+        ├── HeadTooLarge            431  request line and headers larger than 64 KiB
         ├── ConcurrencyLimit        429  the model already has ``concurrencyLimit`` requests
         ├── QueueFull               429  ``serial``: ``maxQueued`` requests already wait
         ├── RequestCancelled        499  an operator cancelled it (POST /api/inflight/ID/cancel)
@@ -186,6 +187,12 @@ class BodyTooLarge(RequestError):
         super().__init__(
             f"request body is larger than {limit} bytes; raise maxBodyBytes to accept it"
         )
+
+
+class HeadTooLarge(RequestError):
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"the request line and headers are larger than {limit} bytes")
 
 
 class RequestTimeout(RequestError):

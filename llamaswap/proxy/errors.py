@@ -8,6 +8,7 @@ from llamaswap.errors import (
     BadRequest,
     BodyTooLarge,
     ConcurrencyLimit,
+    HeadTooLarge,
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
@@ -37,6 +38,7 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
     MethodNotAllowed: (405, "invalid_request_error", "method_not_allowed", ()),
     RequestTimeout: (408, "invalid_request_error", "request_timeout", ()),
     BodyTooLarge: (413, "invalid_request_error", "request_too_large", ()),
+    HeadTooLarge: (431, "invalid_request_error", "request_head_too_large", ()),
     ConcurrencyLimit: (429, "rate_limit_error", "concurrency_limit", (("retry-after", "1"),)),
     QueueFull: (429, "rate_limit_error", "queue_full", (("retry-after", "1"),)),
     # 499 (nginx's "client closed request", gRPC's CANCELLED): a 4xx, so client SDKs do

@@ -14,6 +14,7 @@ import json
 import signal
 
 import h11
+import pytest
 import trio
 
 from tests.e2e.conftest import BOUND, StartProxy
@@ -149,4 +150,38 @@ async def test_a_body_still_arriving_at_shutdown_is_answered_503(
     assert isinstance(response, h11.Response), response
     assert response.status_code == 503
     assert json.loads(body)["error"]["code"] == "shutting_down"
+    assert "Traceback" not in proxy.output.text()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (
+            b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"x" * 200_000 + b"\r\n\r\n",
+            431,
+            "request_head_too_large",
+        ),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n", 400, "invalid_request"),
+    ],
+    ids=["head-too-large", "not-http"],
+)
+async def test_a_request_h11_cannot_read_is_refused_with_a_json_error(
+    proxy_factory: StartProxy, request_bytes: bytes, status: int, code: str
+) -> None:
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    async with await connect(proxy) as stream:
+        with trio.fail_after(30):
+            await stream.send_all(request_bytes)
+            answer = await read_to_end(stream)  # and the connection is closed
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    client.send(h11.EndOfMessage())
+    client.receive_data(answer)
+    response = client.next_event()
+    assert isinstance(response, h11.Response), answer
+    assert response.status_code == status
+    data = client.next_event()
+    assert isinstance(data, h11.Data), answer
+    assert isinstance(client.next_event(), h11.EndOfMessage)
+    assert json.loads(data.data)["error"]["code"] == code
     assert "Traceback" not in proxy.output.text()
