@@ -249,7 +249,7 @@ export function mountPlayground(store) {
       for (const run of runs) if (!run.finished) paint(run);
     } else if (what === "snapshot" || what === "models") {
       if (what === "snapshot") {
-        // A restarted llamaswap numbers its requests from 1 again: count from the snapshot.
+        // A restarted llamaswap numbers its requests from 0 again: count from the snapshot.
         newest = Math.max(-1, ...store.requests.keys());
         for (const run of runs) if (run.id === null) run.after = Math.min(run.after, newest);
       }
