@@ -255,6 +255,9 @@ class Driven(Generic[S]):
     def on_request(self, ticket: Ticket) -> list[Decision]:
         return self.world.apply(self.scheduler.on_request(ticket))
 
+    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
+        return self.world.apply(self.scheduler.adopt(tickets))
+
     def on_cancel(self, ticket: Ticket) -> list[Decision]:
         return self.world.apply(self.scheduler.on_cancel(ticket))
 

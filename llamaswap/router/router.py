@@ -387,7 +387,7 @@ class Router:
         requests with 503 and stops once its requests in flight are done, and is then
         forgotten (``_forget_if_unneeded``); a new one is servable at once. Names, keys,
         filters, TTLs, groups and scheduler settings apply at once; a change of scheduler
-        re-queues the waiting requests in arrival order.
+        hands the waiting requests over together (``Scheduler.adopt``).
         """
         changes = diff_config(self.config, config)
         # The new models' supervisors run before any name reaches them; from the swap of
@@ -418,8 +418,9 @@ class Router:
         return changes
 
     def _switch_scheduler(self, new: Scheduler) -> None:
-        """Hand the waiting requests to ``new`` in arrival order; what the old scheduler
-        dispatched (loading or serving) stays with it until it is done."""
+        """Hand the waiting requests to ``new``, all at once: it picks among them by its
+        own order; what the old scheduler dispatched (loading or serving) stays with it
+        until it is done."""
         self._catch_up()
         old, self.scheduler = self.scheduler, new
         logger.info("scheduler %r replaces %r", new.name, old.name)
@@ -429,12 +430,7 @@ class Router:
         for lease in self._leases:
             if lease.ticket not in moved and lease.ticket not in self._retired:
                 self._retired[lease.ticket] = old
-        for ticket in waiting:
-            try:
-                decisions = new.on_request(ticket)
-            except RequestError as exc:  # over a lower concurrencyLimit, say
-                decisions = [Fail(ticket, exc)]
-            self._apply(decisions, new)
+        self._run_event("reload", new, partial(new.adopt, waiting), waiting)
 
     async def shutdown(self, grace: float) -> None:
         """Fail waiting requests (503), let served ones finish for ``grace`` s, stop all.

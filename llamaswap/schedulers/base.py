@@ -234,6 +234,12 @@ class Scheduler(Protocol):
     def on_request(self, ticket: Ticket) -> list[Decision]:
         """Admit ``ticket`` or raise ``ConcurrencyLimit``; may grant it at once."""
 
+    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
+        """Take over ``tickets`` (oldest first), which another scheduler gave up
+        (``surrender``: a reload switched schedulers), as if they had arrived together:
+        each is admitted, or failed with what ``on_request`` would raise, and only then
+        does anything go out, by this scheduler's own order."""
+
     def on_cancel(self, ticket: Ticket) -> list[Decision]:
         """The ticket's client left before it was granted (queued, or waiting for a load)."""
 

@@ -65,6 +65,18 @@ class FifoScheduler:
             self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
         return self._ledger.take()
 
+    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
+        for ticket in tickets:
+            try:
+                self._ledger.admit(ticket)
+            except RequestError as exc:  # over a lowered concurrencyLimit, say
+                self._ledger.fail(ticket, exc)
+                continue
+            self._prioritise(ticket)
+            self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
+        self._drain()
+        return self._ledger.take()
+
     def on_cancel(self, ticket: Ticket) -> list[Decision]:
         if self._ledger.cancel(self._queue, ticket):
             self._drain()  # its load was cancelled: what it would have evicted is free

@@ -219,16 +219,17 @@ class SerialScheduler:
     # ----------------------------------------------------------------- events
 
     def on_request(self, ticket: Ticket) -> list[Decision]:
-        page = not ticket.needs_slot and self._may_skip_slot(ticket.model)
-        if not page and len(self._lanes) + len(self._holding()) >= self._max_queued:
-            raise QueueFull(self._max_queued)
-        self._ledger.admit(ticket)
-        ticket.effective_priority = ticket.priority
-        if page:
-            self._ledger.grant(ticket)  # a page like GET /props: no slot needed
-        else:
-            self._lanes.push(ticket, self.static_key(ticket))
+        if self._enter(ticket):
             self._fill_slots()
+        return self._ledger.take()
+
+    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
+        for ticket in tickets:
+            try:
+                self._enter(ticket)
+            except RequestError as exc:  # over a lowered concurrencyLimit or maxQueued
+                self._ledger.fail(ticket, exc)
+        self._fill_slots()
         return self._ledger.take()
 
     def on_cancel(self, ticket: Ticket) -> list[Decision]:
@@ -415,6 +416,20 @@ class SerialScheduler:
             if no_aging is None or unaged > no_aging_rank:
                 no_aging, no_aging_rank = eldest, unaged
         return best, no_aging, no_affinity
+
+    def _enter(self, ticket: Ticket) -> bool:
+        """Admit ``ticket`` (or raise ``QueueFull``, ``ConcurrencyLimit``): a page like GET
+        /props is granted at once, without the slot; anything else is queued (True)."""
+        page = not ticket.needs_slot and self._may_skip_slot(ticket.model)
+        if not page and len(self._lanes) + len(self._holding()) >= self._max_queued:
+            raise QueueFull(self._max_queued)
+        self._ledger.admit(ticket)
+        ticket.effective_priority = ticket.priority
+        if page:
+            self._ledger.grant(ticket)
+            return False
+        self._lanes.push(ticket, self.static_key(ticket))
+        return True
 
     def _fill_slots(self) -> None:
         """Give free slots to the best-scored requests. All slots serve one model: when the

@@ -21,6 +21,7 @@ from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import make_scheduler
 from llamaswap.schedulers.base import (
     BandStatistics,
+    Fail,
     Scheduler,
     SchedulerCounts,
     StartSwap,
@@ -604,6 +605,54 @@ def test_a_switched_in_scheduler_waits_for_the_old_ones_load(before: str, after:
     # 'a' has drained of the old requests: the new scheduler goes on, by its own order
     # ('b' is older; 'a', ready, is served in parallel by fifo, or has serial's affinity).
     assert fx.granted[1:] == [same] or fx.last_swap().waiters == [other]
+
+
+@pytest.mark.parametrize("before", ["fifo", "serial"])
+@pytest.mark.parametrize("after", ["fifo", "serial"])
+def test_a_switched_in_scheduler_picks_among_all_it_takes_over(before: str, after: str) -> None:
+    """The waiting requests reach the new scheduler together: the most urgent goes first,
+    not the oldest, which would have found the new scheduler idle."""
+    fx = FakeWorld()
+
+    def scheduler(use: str) -> Driven[Scheduler]:
+        settings = loads_config(f'[routing.scheduler]\nuse = "{use}"')
+        return Driven(make_scheduler(settings, fx, GroupSwapper({})), fx)
+
+    old = scheduler(before)
+    old.on_request(serving := ticket("a", 1))
+    fx.complete(old, fx.last_swap())
+    assert fx.granted == [serving]
+    batch = ticket("b", 2, priority=-100)
+    urgent = ticket("b", 3, priority=100)
+    for waiting in (batch, ticket("c", 4, priority=-100), urgent):
+        old.on_request(waiting)  # each would evict 'a', which serves: all wait
+    new = scheduler(after)
+    new.adopt(old.scheduler.surrender())
+    assert new.position(batch) != 1
+    old.on_finish(serving)  # 'a' drains: the new scheduler goes on
+    fx.apply(new.scheduler.on_finish(serving))  # the router tells the new one too
+    fx.complete(new, fx.last_swap())
+    assert fx.granted[1] is urgent
+
+
+@pytest.mark.parametrize("use", ["fifo", "serial"])
+def test_a_scheduler_taking_over_refuses_what_it_would_not_admit(use: str) -> None:
+    fx = FakeWorld()
+    config = load_config_text(
+        f"""
+        [routing.scheduler]
+        use = "{use}"
+        [models.a]
+        cmd = "server"
+        proxy = "http://127.0.0.1:9"
+        concurrencyLimit = 1
+        """
+    )
+    new = Driven(make_scheduler(config, fx, GroupSwapper({})), fx)
+    first, second = ticket("a", 1), ticket("a", 2)
+    failed = [d for d in new.adopt([first, second]) if isinstance(d, Fail)]
+    assert [(d.ticket, type(d.error)) for d in failed] == [(second, ConcurrencyLimit)]
+    assert first.state is not TicketState.DONE
 
 
 @pytest.mark.parametrize("use", ["fifo", "serial"])
