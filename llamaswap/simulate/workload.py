@@ -29,7 +29,7 @@ as a bad config does.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import NewType
 
 import attrs
@@ -38,7 +38,7 @@ from llamaswap.config import Config
 from llamaswap.config.convert import make_converter, walk_error
 from llamaswap.config.load import parse_toml, read_text
 from llamaswap.config.model import within
-from llamaswap.config.paths import Problem, format_path, suggestion
+from llamaswap.config.paths import Path, Problem, format_path, suggestion
 from llamaswap.config.values import Bounds, InvalidValue, describe, scalar
 from llamaswap.errors import ConfigError, ConfigProblem
 from llamaswap.schedulers.priority import priority_named
@@ -129,39 +129,60 @@ def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Wo
     """The workload in ``text``, its model names resolved to IDs of ``config``.
 
     Raises:
-        ConfigError: every problem in the workload, with its key path.
+        ConfigError: every problem in the workload, with its key path. Names of no model
+            are found in the file as written, so they are told together with the values
+            that cannot be read; what needs those values (a stream's ``jobMax`` against
+            its ``job``) once they can be.
     """
     converter = make_converter()
     converter.register_structure_hook(Priority, _priority)
     raw = parse_toml(text, file)  # a syntax error: its own ConfigError, with line:column
+    known = sorted(config.models)
+    problems = [
+        Problem(path, f"no model {name!r} in the config; {suggestion(name, known, noun='models')}")
+        for name, path in _model_names(raw)
+        if config.resolve(name) is None
+    ]
     try:
         workload = converter.structure(raw, Workload)
     except Exception as exc:  # a cattrs exception group: every problem in it
-        raise ConfigError(file, _problems(walk_error(exc))) from None
-    problems: list[Problem] = []
-
-    def resolve(name: str, path: tuple[str | int, ...]) -> str:
-        model_id = config.resolve(name)
-        if model_id is None:
-            hint = suggestion(name, sorted(config.models), noun="models")
-            problems.append(Problem(path, f"no model {name!r} in the config; {hint}"))
-            return name
-        return model_id
-
-    models = {resolve(name, ("models", name)): times for name, times in workload.models.items()}
-    streams = tuple(
-        attrs.evolve(s, model=resolve(s.model, ("streams", i, "model")))
-        for i, s in enumerate(workload.streams)
-    )
-    trace = tuple(
-        attrs.evolve(r, model=resolve(r.model, ("requests", i, "model")))
-        for i, r in enumerate(workload.requests)
-    )
+        raise ConfigError(file, _problems([*walk_error(exc), *problems])) from None
     if workload.streams and not workload.duration:
         problems.append(Problem(("duration",), "required when there are streams"))
+    for index, stream in enumerate(workload.streams):
+        if stream.job_max and stream.job_max < stream.job:
+            message = f"must be at least job ({stream.job:g} s), or left out for a fixed job"
+            problems.append(Problem(("streams", index, "jobMax"), message))
+    if not workload.streams and not workload.requests:
+        problems.append(Problem(("requests",), "nothing to run: add [[requests]] or [[streams]]"))
     if problems:
         raise ConfigError(file, _problems(problems))
-    return attrs.evolve(workload, models=models, streams=streams, requests=trace)
+
+    def model_id(name: str) -> str:
+        return config.resolve(name) or name  # every name resolves: checked above
+
+    return attrs.evolve(
+        workload,
+        models={model_id(name): times for name, times in workload.models.items()},
+        streams=tuple(attrs.evolve(s, model=model_id(s.model)) for s in workload.streams),
+        requests=tuple(attrs.evolve(r, model=model_id(r.model)) for r in workload.requests),
+    )
+
+
+def _model_names(raw: Mapping[str, object]) -> Iterator[tuple[str, Path]]:
+    """Every model name the file gives, as written, with its key path: the tables under
+    ``[models]``, and each stream's and request's ``model`` that is a string (one that is
+    not is a problem of its own)."""
+    models = raw.get("models")
+    if isinstance(models, Mapping):
+        for name in models:
+            yield str(name), ("models", str(name))
+    for key in ("streams", "requests"):
+        entries = raw.get(key)
+        for index, entry in enumerate(entries if isinstance(entries, list) else []):
+            name = entry.get("model") if isinstance(entry, Mapping) else None
+            if isinstance(name, str):
+                yield name, (key, index, "model")
 
 
 def load_workload(path: str, config: Config) -> Workload:

@@ -78,6 +78,9 @@ def test_a_bad_workload_reports_every_problem_at_its_key_path() -> None:
             "expected a duration from 0.001 to 31536000 seconds (1 year), got 0 seconds",
         ),
         ("requests[0].colour", "unknown key 'colour'"),
+        # Names are checked as written, so they are told with what cannot be read.
+        ("models.zeta", "no model 'zeta' in the config"),
+        ("requests[0].model", "no model 'nope' in the config"),
     ]
 
 
@@ -118,6 +121,29 @@ def test_streams_need_a_duration() -> None:
     )
     with pytest.raises(ConfigError, match="duration: required when there are streams"):
         loads_workload(text, config())
+
+
+def test_a_job_range_must_not_end_before_it_starts() -> None:
+    text = workload_text(
+        """
+        duration = "1m"
+        [[streams]]
+        model = "a"
+        every = "10s"
+        job = "1s"
+        jobMax = "0.5s"
+        """
+    )
+    with pytest.raises(ConfigError) as caught:
+        loads_workload(text, config())
+    assert [(p.path, p.message) for p in caught.value.problems] == [
+        ("streams[0].jobMax", "must be at least job (1 s), or left out for a fixed job")
+    ]
+
+
+def test_a_workload_with_nothing_to_run_is_a_problem_not_an_empty_table() -> None:
+    with pytest.raises(ConfigError, match=r"requests: nothing to run: add \[\[requests\]\]"):
+        loads_workload('seed = 3\nduration = "1m"\n', config())
 
 
 @pytest.mark.parametrize(
