@@ -134,10 +134,20 @@ class ActivityStore:
 
         Raises:
             ConfigError: the file cannot be opened or written, is not a SQLite database,
-                or was written by a newer llamaswap (at ``store.path`` of ``config_file``).
+                holds another program's tables, or was written by a newer llamaswap (at
+                ``store.path`` of ``config_file``).
         """
         try:
             with self._connect() as connection:
+                # Another program's file is left as it is (llamaswap would add its table
+                # and set user_version, which that program may use for itself).
+                tables = connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                others = sorted(
+                    name for (name,) in tables if name != "activity" and name[:7] != "sqlite_"
+                )
+                if others:
+                    reason = f"it holds tables of another program ({', '.join(others)})"
+                    raise _unusable(config_file, self.path, reason)
                 version = connection.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise _unusable(
@@ -145,14 +155,14 @@ class ActivityStore:
                         self.path,
                         f"it was written by a newer llamaswap (layout {version})",
                     )
+                columns = {row[1] for row in connection.execute("PRAGMA table_info(activity)")}
+                if columns and not columns >= _COLUMNS:
+                    reason = "it holds an 'activity' table that is not llamaswap's"
+                    raise _unusable(config_file, self.path, reason)
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.executescript(
                     f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
                 )
-                columns = {row[1] for row in connection.execute("PRAGMA table_info(activity)")}
-                if not columns >= _COLUMNS:
-                    reason = "it holds an 'activity' table that is not llamaswap's"
-                    raise _unusable(config_file, self.path, reason)
                 newest = connection.execute("SELECT max(id) FROM activity").fetchone()[0]
         except (sqlite3.Error, OSError) as exc:
             reason = str(exc) or type(exc).__name__
@@ -259,7 +269,8 @@ class ActivityStore:
 def _unusable(config_file: str, path: str, reason: str) -> ConfigError:
     message = (
         f"cannot use {path!r} as the activity store: {reason}; "
-        "give a SQLite file in a directory llamaswap can write, or remove [store]"
+        "give llamaswap a SQLite file of its own, in a directory it can write, or remove "
+        "[store]"
     )
     return ConfigError(config_file, [ConfigProblem("store.path", message)])
 

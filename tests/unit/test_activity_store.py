@@ -149,14 +149,33 @@ def test_a_store_written_by_a_newer_llamaswap_is_refused(tmp_path: Path) -> None
     assert f"it was written by a newer llamaswap (layout {SCHEMA_VERSION + 1})" in str(info.value)
 
 
-def test_a_table_of_another_layout_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "columns", ["id INTEGER PRIMARY KEY, time TEXT", "name TEXT"], ids=["some", "none"]
+)
+def test_a_table_of_another_layout_is_refused(tmp_path: Path, columns: str) -> None:
     path = tmp_path / "activity.db"
     with contextlib.closing(sqlite3.connect(path)) as connection:
-        connection.execute("CREATE TABLE activity (id INTEGER PRIMARY KEY, time TEXT)")
+        connection.execute(f"CREATE TABLE activity ({columns})")
     store, _ = store_at(path)
     with pytest.raises(ConfigError) as info:
         store.open()
     assert "it holds an 'activity' table that is not llamaswap's" in str(info.value)
+
+
+def test_another_programs_database_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE users (name TEXT)")
+        connection.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT)")
+        connection.execute("PRAGMA user_version = 7")
+    store, _ = store_at(path)
+    with pytest.raises(ConfigError) as info:
+        store.open()
+    assert "it holds tables of another program (orders, users)" in str(info.value)
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == 7
+        tables = connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        assert sorted(name for (name,) in tables) == ["orders", "sqlite_sequence", "users"]
 
 
 def test_rows_damaged_outside_llamaswap_are_skipped(tmp_path: Path) -> None:
