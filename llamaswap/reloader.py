@@ -183,6 +183,7 @@ class Reloader:
             async for changed in changes:
                 if not armed:
                     armed = True
+                    logger.info("watching %s: each saved change reloads it", self.path)
                     task_status.started()
                 if changed:
                     await self.reload("file changed")

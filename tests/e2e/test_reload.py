@@ -251,6 +251,7 @@ async def test_watch_config_applies_a_saved_edit(proxy_factory: StartProxy) -> N
     proxy = await proxy_factory(config({"alpha": ""}, ports=ports), args=["--watch-config"])
     async with proxy.client() as client:
         with trio.fail_after(30):
+            await proxy.output.wait_for(r"watching .*: each saved change reloads it")
             mark = len(proxy.output.lines)
             rewrite(proxy.config, config({"alpha": "", "beta": ""}, ports=ports))
             started = trio.current_time()
