@@ -39,6 +39,7 @@ import contextlib
 import datetime
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -137,6 +138,8 @@ class ActivityStore:
                 holds another program's tables, or was written by a newer llamaswap (at
                 ``store.path`` of ``config_file``).
         """
+        if os.path.isdir(self.path):  # SQLite would say only "unable to open database file"
+            raise _unusable(config_file, self.path, "it is a directory")
         try:
             with self._connect() as connection:
                 # Another program's file is left as it is (llamaswap would add its table

@@ -129,6 +129,15 @@ def test_a_missing_directory_is_a_config_problem_at_store_path(tmp_path: Path) -
     assert str(info.value).startswith("1 problem in llamaswap.toml:")
 
 
+def test_a_directory_is_refused_as_one(tmp_path: Path) -> None:
+    store, _ = store_at(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        store.open()
+    assert f"cannot use {str(tmp_path)!r} as the activity store: it is a directory" in str(
+        info.value
+    )
+
+
 def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_bytes(b"my precious notes, not a database\n" * 100)
