@@ -3,7 +3,8 @@
 Everything here is derived from what the router already tells its listeners, in the
 order it happens:
 
-- ``model``: a supervisor's state change (``Router.add_listener``), with its PID.
+- ``model``: a supervisor's state change (``Router.add_listener``), with its PID; and
+  once more while a model starts, when its process runs (``add_spawn_listener``).
 - ``request``: a request's lifecycle. ``queued`` at admission and ``done`` /
   ``cancelled`` at release come from ``Router.add_request_listener``; ``loading``
   (``JoinSwap``), ``serving`` (``Grant``) and ``failed`` (``Fail``, with the error) from
@@ -63,6 +64,7 @@ class RouterEvents:
     def connect(self) -> None:
         """Listen to the router and the activity log (once, before ``Router.run``)."""
         self._router.add_listener(self.on_model_state)
+        self._router.add_spawn_listener(self.on_spawned)
         self._router.add_decision_listener(self.on_decision)
         self._router.add_request_listener(self.on_request)
         self._activity.add_listener(self.on_activity)
@@ -87,6 +89,11 @@ class RouterEvents:
         }
 
     def on_model_state(self, model: str, state: ModelState) -> None:
+        if self._hub.active:
+            self._hub.publish({"type": "model", **self._model(model)})
+
+    def on_spawned(self, model: str) -> None:
+        """A starting model's process runs: its card shows the PID before it is ready."""
         if self._hub.active:
             self._hub.publish({"type": "model", **self._model(model)})
 

@@ -94,6 +94,8 @@ class ModelSupervisor:
         probe: the readiness check.
         health_check_timeout: seconds a start may take before it fails.
         listener: called synchronously on every state change; must not block.
+        spawned: called once the server's process runs (while it starts: its PID is in
+            ``statistics()``); must not block.
         in_flight: the number of requests being served by this model (the router's
             count); call ``requests_changed`` whenever it changes.
         poll_interval: seconds between readiness probes.
@@ -108,6 +110,7 @@ class ModelSupervisor:
         probe: Probe,
         health_check_timeout: float,
         listener: StateListener | None = None,
+        spawned: Callable[[], None] | None = None,
         in_flight: Callable[[], int] = lambda: 0,
         poll_interval: float = HEALTH_POLL_INTERVAL,
     ) -> None:
@@ -118,6 +121,7 @@ class ModelSupervisor:
         self._probe = probe
         self._health_check_timeout = health_check_timeout
         self._listener = listener
+        self._spawned = spawned
         self._poll_interval = poll_interval
         self._env = {**os.environ, **config.env}
         self._state = ModelState.STOPPED
@@ -319,6 +323,8 @@ class ModelSupervisor:
             return None
         run.pid = process.pid
         logger.info("model %r: started pid %d", self.model_id, process.pid)
+        if self._spawned is not None:
+            self._spawned()
         return process
 
     async def _supervise(self, run: _Run, process: ProcessHandle) -> None:

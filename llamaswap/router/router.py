@@ -70,6 +70,8 @@ DecisionListener = Callable[[Decision], None]
 RequestListener = Callable[[str, Lease], None]
 #: Told of each line a model's server prints, with the model's ID.
 OutputListener = Callable[[str, LogLine], None]
+#: Told of each model whose server's process now runs (it is starting; its PID is known).
+SpawnListener = Callable[[str], None]
 #: Told of each model the router forgets (removed by a reload, and no longer needed).
 ForgetListener = Callable[[str], None]
 
@@ -102,6 +104,7 @@ class Router:
         self._decision_listeners: list[DecisionListener] = []
         self._request_listeners: list[RequestListener] = []
         self._output_listeners: list[OutputListener] = []
+        self._spawn_listeners: list[SpawnListener] = []
         self._forget_listeners: list[ForgetListener] = []
         self._leases = Leases()
         #: Every configured model, and a removed one until it is forgotten (``_forget``).
@@ -136,6 +139,7 @@ class Router:
             probe=self._probe,
             health_check_timeout=self.config.health_check_timeout,
             listener=self._on_model_state,
+            spawned=partial(self._tell_spawned, model_id),
             in_flight=partial(self._leases.in_flight, model_id),
         )
         supervisor.log.subscribe(partial(self._on_output, model_id))
@@ -156,6 +160,11 @@ class Router:
         """``listener`` hears every model's output, line by line (live logs), that of the
         models a reload adds too; it must not block or raise."""
         self._output_listeners.append(listener)
+
+    def add_spawn_listener(self, listener: SpawnListener) -> None:
+        """``listener`` is told of each model whose server's process now runs (its PID is
+        in ``supervisors[model].statistics()``); it must not block or raise."""
+        self._spawn_listeners.append(listener)
 
     def add_forget_listener(self, listener: ForgetListener) -> None:
         """``listener`` is told of each model the router forgets (gone from
@@ -593,6 +602,10 @@ class Router:
                 self._decide(what, self.scheduler, self.scheduler.on_swap_done, swap, error)
             for model in (swap.target, *swap.evict):
                 self._forget_if_unneeded(model)
+
+    def _tell_spawned(self, model: str) -> None:
+        for listener in self._spawn_listeners:
+            listener(model)
 
     def _on_output(self, model: str, line: LogLine) -> None:
         for listener in self._output_listeners:

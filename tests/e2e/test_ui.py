@@ -320,6 +320,10 @@ async def test_load_unload_and_cancel_a_load_from_the_page(proxy_factory: StartP
             expect(cancel).to_be_hidden(timeout=WAIT)
             slow.get_by_role("button", name="Load slow", exact=True).click()
             expect(state_of(slow)).to_have_text("starting", timeout=WAIT)
+            # Its process runs from the start of the load: its PID shows while it starts.
+            slow_pid = slow.locator('[data-role="pid"]')
+            expect(slow_pid).to_have_text(re.compile(r"^\d+$"), timeout=WAIT)
+            assert blocking(running, client)["slow"]["pid"] == int(slow_pid.inner_text())
             cancel.click()
             expect(state_of(slow)).to_have_text("stopped", timeout=WAIT)
             # The page's load has its answer (a 499) once Load is offered again.

@@ -265,13 +265,14 @@ async def test_load_serve_unload_arrive_in_order(
         ("request", 0, "queued"),
         ("request", 0, "loading"),
         ("model", "a", "starting", None),
+        ("model", "a", "starting", pid),  # its process runs: the PID is known
         ("model", "a", "ready", pid),
         ("request", 0, "serving"),
         ("request", 0, "done"),
         ("model", "a", "stopping", pid),
         ("model", "a", "stopped", None),
     ]
-    serving = got[5]
+    serving = got[6]
     assert serving == {
         "type": "request",
         "id": 0,
@@ -320,6 +321,7 @@ async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
         ("request", 0, "queued"),
         ("request", 0, "loading"),
         ("model", "a", "starting", None),
+        ("model", "a", "starting", spawner.last.pid),
         ("request", 0, "cancelled"),
         ("model", "a", "stopping", spawner.last.pid),
         ("model", "a", "stopped", None),
