@@ -577,21 +577,22 @@ def load_config_text(text: str) -> Config:
 # ------------------------------------------------------- a reload switches schedulers
 
 
+def driven(fx: FakeWorld, use: str) -> Driven[Scheduler]:
+    """A ``use`` scheduler (``fifo`` or ``serial``) on ``fx``, as a reload would make it."""
+    settings = loads_config(f'[routing.scheduler]\nuse = "{use}"')
+    return Driven(make_scheduler(settings, fx, GroupSwapper({})), fx)
+
+
 @pytest.mark.parametrize("before", ["fifo", "serial"])
 @pytest.mark.parametrize("after", ["fifo", "serial"])
 def test_a_switched_in_scheduler_waits_for_the_old_ones_load(before: str, after: str) -> None:
     """The old scheduler keeps the load it started (and its waiters); the new one must
     neither evict that model mid-load nor load it again, and goes on once it is done."""
     fx = FakeWorld()
-
-    def scheduler(use: str) -> Driven[Scheduler]:
-        settings = loads_config(f'[routing.scheduler]\nuse = "{use}"')
-        return Driven(make_scheduler(settings, fx, GroupSwapper({})), fx)
-
-    old = scheduler(before)
+    old = driven(fx, before)
     old.on_request(loading := ticket("a", 1))
     a_load = fx.last_swap()
-    new = scheduler(after)  # on the same world: 'a' is still loading under the old one
+    new = driven(fx, after)  # on the same world: 'a' is still loading under the old one
     new.on_request(other := ticket("b", 2))  # would evict 'a' mid-load: waits
     new.on_request(same := ticket("a", 3))  # would load 'a' again: waits for that load
     assert fx.swaps == [a_load]
@@ -613,12 +614,7 @@ def test_a_switched_in_scheduler_picks_among_all_it_takes_over(before: str, afte
     """The waiting requests reach the new scheduler together: the most urgent goes first,
     not the oldest, which would have found the new scheduler idle."""
     fx = FakeWorld()
-
-    def scheduler(use: str) -> Driven[Scheduler]:
-        settings = loads_config(f'[routing.scheduler]\nuse = "{use}"')
-        return Driven(make_scheduler(settings, fx, GroupSwapper({})), fx)
-
-    old = scheduler(before)
+    old = driven(fx, before)
     old.on_request(serving := ticket("a", 1))
     fx.complete(old, fx.last_swap())
     assert fx.granted == [serving]
@@ -626,7 +622,7 @@ def test_a_switched_in_scheduler_picks_among_all_it_takes_over(before: str, afte
     urgent = ticket("b", 3, priority=100)
     for waiting in (batch, ticket("c", 4, priority=-100), urgent):
         old.on_request(waiting)  # each would evict 'a', which serves: all wait
-    new = scheduler(after)
+    new = driven(fx, after)
     new.adopt(old.scheduler.surrender())
     assert new.position(batch) != 1
     old.on_finish(serving)  # 'a' drains: the new scheduler goes on
