@@ -380,14 +380,17 @@ async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_st
         ("request", "alpha", "queued"),
         ("request", "alpha", "loading"),
         ("model", "alpha", "starting"),
+        ("model", "alpha", "starting"),  # again once its process runs, with the PID
         ("model", "alpha", "ready"),
         ("request", "alpha", "serving"),
         ("request", "alpha", "done"),
         ("model", "alpha", "stopping"),
         ("model", "alpha", "stopped"),
     ]
+    starting = [e["pid"] for e in early.events if e.get("state") == "starting"]
     ready = next(e for e in early.events if e.get("state") == "ready")
     assert isinstance(ready["pid"], int)
+    assert starting == [None, ready["pid"]]
     # The late client's first event is the whole state: the model is running, with its PID.
     assert snapshot["type"] == "snapshot"
     assert snapshot["models"] == [{"model": "alpha", "state": "ready", "pid": ready["pid"]}]
