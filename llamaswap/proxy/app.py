@@ -288,7 +288,7 @@ def create_app(
         reloader = Reloader(config_path, router, reloaded)
     if activity is None:
         activity = ActivityLog()
-    recorder = Recorder(activity, metrics, lambda: router.scheduler.name)
+    recorder = Recorder(activity, metrics)
     quart = QuartTrio("llamaswap")
     # Generations may stream for many minutes: Quart's 60 s defaults would cut them.
     quart.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None, MAX_CONTENT_LENGTH=None)

@@ -8,7 +8,6 @@ lands in the activity log with the request.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
 from typing import Any, final
 
 import attrs
@@ -56,12 +55,9 @@ CLIENT_LEFT = "client disconnected"
 class Recorder:
     """Turns finished exchanges into activity records and metrics."""
 
-    def __init__(
-        self, activity: ActivityLog, metrics: Metrics, scheduler: Callable[[], str]
-    ) -> None:
+    def __init__(self, activity: ActivityLog, metrics: Metrics) -> None:
         self.activity = activity
         self.metrics = metrics
-        self._scheduler = scheduler
 
     def finish(self, exchange: Exchange) -> ActivityRecord:
         ticket = None if exchange.lease is None else exchange.lease.info()
@@ -83,7 +79,7 @@ class Recorder:
             status=status,
             duration_ms=round(duration * 1000, 3),
             queue_wait_ms=None if queue_wait is None else round(queue_wait * 1000, 3),
-            scheduler=None if ticket is None else self._scheduler(),
+            scheduler=None if exchange.lease is None else exchange.lease.scheduler,
             priority=priority,
             band=band_of(priority),
             score=None if ticket is None else ticket.score,

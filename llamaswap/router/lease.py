@@ -102,6 +102,9 @@ class Lease:
         self.client = client
         self.route = route
         self.state = LeaseState.ADMITTED
+        #: The name of the scheduler that has it, from its admission on (a reload that
+        #: switches schedulers moves a waiting one to the new scheduler).
+        self.scheduler: str | None = None
         #: Cancelling it ends the request wherever it is (``cancel``).
         self.scope = trio.CancelScope()
         self.cancel_error: RequestError | None = None

@@ -307,6 +307,7 @@ class Router:
             # Named before a reload removed it: it must not start again (nor, once
             # forgotten, come back without a supervisor).
             raise ModelUnloaded(model, REMOVED)
+        lease.scheduler = self.scheduler.name
         self._leases.add(lease)
         try:
             decisions = self.scheduler.on_request(lease.ticket)
@@ -437,7 +438,9 @@ class Router:
         self.retired_counts += SchedulerCounts.of(old.statistics())  # final: see surrender
         moved = set(waiting)
         for lease in self._leases:
-            if lease.ticket not in moved and lease.ticket not in self._retired:
+            if lease.ticket in moved:
+                lease.scheduler = new.name
+            elif lease.ticket not in self._retired:
                 self._retired[lease.ticket] = old
         self._run_event("reload", new, partial(new.adopt, waiting), waiting)
 

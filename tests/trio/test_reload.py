@@ -389,7 +389,7 @@ def recording(router: Router) -> tuple[Metrics, Recorder]:
     metrics = Metrics(router)
     router.add_listener(metrics.on_model_state)
     router.add_forget_listener(metrics.forget)
-    return metrics, Recorder(ActivityLog(), metrics, lambda: router.scheduler.name)
+    return metrics, Recorder(ActivityLog(), metrics)
 
 
 def chat_exchange(router: Router, name: str) -> tuple[Exchange, Lease]:
@@ -598,3 +598,39 @@ async def test_a_stopped_models_address_is_that_of_the_server_that_stopped(
     assert stopped_at == ["http://m:1"]  # the old server's, whose connections are dead
     async with lease(router, "a"):
         assert router.supervisors["a"].statistics().address == "http://m:2"
+
+
+async def test_a_request_is_recorded_under_the_scheduler_that_had_it_across_a_switch(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """Served under fifo, recorded as fifo's, though serial had replaced it by its end; a
+    request still waiting at the switch went to serial, and is recorded as serial's."""
+    models = {"a": model(1), "b": model(2)}  # one at a time
+    router = await start(nursery, spawner, recorder, Config(models=models))
+    _, records = recording(router)
+    served, held = chat_exchange(router, "a")
+    waiting, queued = chat_exchange(router, "b")
+    b_recorded = trio.Event()
+
+    async def wait_for_b() -> None:
+        async with router.acquire(queued):
+            waiting.status = 200
+        records.finish(waiting)
+        b_recorded.set()
+
+    async with router.acquire(held):
+        nursery.start_soon(wait_for_b)
+        await trio.testing.wait_all_tasks_blocked()  # b waits: a is busy
+        serial = Routing(scheduler=SchedulerSection(use="serial"))
+        await router.reconfigure(Config(models=models, routing=serial))
+        served.status = 200
+    records.finish(served)
+    with trio.fail_after(60):
+        await b_recorded.wait()
+    assert [(r.model, r.scheduler) for r in records.activity.recent()] == [
+        ("b", "serial"),
+        ("a", "fifo"),
+    ]
