@@ -64,7 +64,7 @@ class RouterEvents:
     def connect(self) -> None:
         """Listen to the router and the activity log (once, before ``Router.run``)."""
         self._router.add_listener(self.on_model_state)
-        self._router.add_spawn_listener(self.on_spawned)
+        self._router.add_spawn_listener(self._publish_model)  # its PID, while it starts
         self._router.add_decision_listener(self.on_decision)
         self._router.add_request_listener(self.on_request)
         self._activity.add_listener(self.on_activity)
@@ -89,13 +89,7 @@ class RouterEvents:
         }
 
     def on_model_state(self, model: str, state: ModelState) -> None:
-        if self._hub.active:
-            self._hub.publish({"type": "model", **self._model(model)})
-
-    def on_spawned(self, model: str) -> None:
-        """A starting model's process runs: its card shows the PID before it is ready."""
-        if self._hub.active:
-            self._hub.publish({"type": "model", **self._model(model)})
+        self._publish_model(model)
 
     def on_request(self, event: str, lease: Lease) -> None:
         if not self._hub.active:
@@ -120,6 +114,10 @@ class RouterEvents:
             self._hub.publish({"type": "activity", "record": record.to_json()})
 
     # --------------------------------------------------------------- private
+
+    def _publish_model(self, model: str) -> None:
+        if self._hub.active:
+            self._hub.publish({"type": "model", **self._model(model)})
 
     def _model(self, model: str) -> dict[str, Any]:
         stats = self._router.supervisors[model].statistics()

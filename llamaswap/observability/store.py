@@ -146,7 +146,9 @@ class ActivityStore:
                 # and set user_version, which that program may use for itself).
                 tables = connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
                 others = sorted(
-                    name for (name,) in tables if name != "activity" and name[:7] != "sqlite_"
+                    name
+                    for (name,) in tables
+                    if name != "activity" and not name.startswith("sqlite_")
                 )
                 if others:
                     reason = f"it holds tables of another program ({', '.join(others)})"

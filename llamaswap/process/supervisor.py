@@ -110,7 +110,7 @@ class ModelSupervisor:
         probe: Probe,
         health_check_timeout: float,
         listener: StateListener | None = None,
-        spawned: Callable[[], None] | None = None,
+        spawned: Callable[[], None] = lambda: None,
         in_flight: Callable[[], int] = lambda: 0,
         poll_interval: float = HEALTH_POLL_INTERVAL,
     ) -> None:
@@ -323,8 +323,7 @@ class ModelSupervisor:
             return None
         run.pid = process.pid
         logger.info("model %r: started pid %d", self.model_id, process.pid)
-        if self._spawned is not None:
-            self._spawned()
+        self._spawned()
         return process
 
     async def _supervise(self, run: _Run, process: ProcessHandle) -> None:

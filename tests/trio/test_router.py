@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
 import pytest
@@ -38,10 +39,15 @@ def lease(router: Router, model: str, *, priority: int = 0) -> AbstractAsyncCont
     return router.acquire(router.lease(model, priority=priority))
 
 
-async def record_failure(router: Router, model: str, failures: list[RequestError]) -> None:
+async def record_failure(
+    router: Router,
+    model: str,
+    failures: list[RequestError],
+    while_waiting: Callable[[Lease], Awaitable[None]] | None = None,
+) -> None:
     """Make a request; append the error it ends with (it must not be granted)."""
     try:
-        async with lease(router, model):
+        async with router.acquire(router.lease(model), while_waiting=while_waiting):
             pytest.fail(f"{model!r} was not expected to serve")
     except RequestError as exc:
         failures.append(exc)
@@ -537,14 +543,7 @@ async def test_a_request_waiting_at_shutdown_is_failed_as_waiting_even_with_a_si
     async def report(lease: Lease) -> None:
         await trio.sleep_forever()
 
-    async def streaming() -> None:
-        try:
-            async with router.acquire(router.lease("a"), while_waiting=report):
-                pytest.fail("a was not expected to serve")
-        except RequestError as exc:
-            failures.append(exc)
-
-    nursery.start_soon(streaming)
+    nursery.start_soon(record_failure, router, "a", failures, report)
     await recorder.wait_for(S.STARTING, "a")
     await router.shutdown(grace=4.0)
     await trio.testing.wait_all_tasks_blocked()
