@@ -728,13 +728,12 @@ async def test_while_llamaswap_is_down_the_page_is_stale_and_its_buttons_off(
             expect(page.locator("#reload-summary")).to_be_hidden()
             for button in (alpha.get_by_role("button", name="Load alpha", exact=True), reload):
                 expect(button).to_be_enabled()
-            # Only the answers it cut (killed: a stream, or a fetch of known length) and
-            # the tries while it was down.
-            cut = re.compile(
-                r"net::ERR_(INCOMPLETE_CHUNKED_ENCODING|CONTENT_LENGTH_MISMATCH|EMPTY_RESPONSE"
-                r"|CONNECTION_RESET|CONNECTION_REFUSED)$"
-            )
-            assert all(cut.search(error) for error in tab.errors), tab.errors
+            # Only loads the kill cut or refused, at the network level: which ones
+            # depends on where each was when the process died (a stream, a fetch of
+            # known length, a socket being opened), so no list of them holds. Not one
+            # uncaught error, and no HTTP error status from either process.
+            network = re.compile(r"^Failed to load resource: net::ERR_[A-Z_]+$")
+            assert all(network.match(error) for error in tab.errors), tab.errors
 
         await in_browser(first.url, body)
         nursery.cancel_scope.cancel()
