@@ -153,6 +153,9 @@ class _Scope:
     invalid: frozenset[str]  # names reported at their definition, not again at each use
     #: Each definition in order (name → its value as written, where it is written).
     definitions: Mapping[str, tuple[object, Path]] = attrs.field(factory=dict)
+    #: Valid names whose definition had a problem all the same (an unknown ``${x}`` in it,
+    #: kept as written): a model's scope does not report it again.
+    reported: frozenset[str] = frozenset()
 
     def first_pass(self, environ: Mapping[str, str], problems: list[Problem]) -> Substitute:
         """Substitutes user and environment macros; a value that is one macro of a number
@@ -270,7 +273,7 @@ def _model_macros(
     # invalid too, silently (reported once, at its definition).
     order = [*top.definitions, *(name for name in table if name not in top.definitions)]
     ordered = {name: definitions.get(name, _INVALID) for name in order}
-    return _define(ordered, environ, problems)
+    return _define(ordered, environ, problems, quiet=top.reported - table.keys())
 
 
 #: A definition already reported (``_define`` neither defines nor reports it again).
@@ -280,15 +283,20 @@ _INVALID: tuple[object, Path] = (None, ())
 def _define(
     definitions: Mapping[str, tuple[object, Path]],
     environ: Mapping[str, str],
-    problems: list[Problem],
+    reports: list[Problem],
+    quiet: Collection[str] = (),
 ) -> _Scope:
-    """Each macro of ``definitions`` expanded with those above it (and ``${env.NAME}``)."""
+    """Each macro of ``definitions`` expanded with those above it (and ``${env.NAME}``);
+    the problems of those in ``quiet`` were reported already, and are not again."""
     defined: dict[str, str] = {}
     typed: dict[str, int | float | bool] = {}
+    reported: set[str] = set()
     position = {name: index for index, name in enumerate(definitions)}
     for index, (name, (value, path)) in enumerate(definitions.items()):
         if (value, path) == _INVALID:
             continue
+        problems = [] if name in quiet else reports  # where this definition's go
+        count = len(problems)
         if not _MACRO_NAME.fullmatch(name):
             problems.append(
                 Problem(path, f"invalid macro name {name!r}; use letters, digits, '_' and '-'")
@@ -313,6 +321,7 @@ def _define(
             path: Path = path,
             index: int = index,
             uses_invalid: list[str] = uses_invalid,
+            problems: list[Problem] = problems,
         ) -> str:
             ref = match.group(1)
             if ref == path[-1]:
@@ -340,12 +349,15 @@ def _define(
         # Keeping the unexpanded ${...} would let a chain of them still double in size.
         if not uses_invalid:
             defined[name] = expanded
+            if len(problems) > count:
+                reported.add(name)
             whole = _REF.fullmatch(text) if isinstance(value, str) else None
             if not isinstance(value, str):
                 typed[name] = value
             elif whole is not None and whole.group(1) in typed:  # "${n}": n's number
                 typed[name] = typed[whole.group(1)]
-    return _Scope(defined, typed, frozenset(definitions) - defined.keys(), definitions)
+    invalid = frozenset(definitions) - defined.keys()
+    return _Scope(defined, typed, invalid, definitions, frozenset(reported))
 
 
 def _user_or_env(

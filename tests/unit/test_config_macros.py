@@ -323,6 +323,24 @@ def test_using_an_invalid_macro_in_a_model_is_reported_once() -> None:
     assert found == {"macros.x": "expected a string, number or boolean, got a table"}
 
 
+def test_a_top_level_macro_using_a_model_s_macro_is_reported_once_where_it_is() -> None:
+    # Each model re-expands the top-level macros it does not define (they may use its
+    # own): that did not report the same mistake again, under a key that is not there.
+    found = problems_of(
+        """
+        [macros]
+        serve = "s --port ${PORT} --ctx ${ctx}"
+        again = "${serve} --more"
+        [models.a]
+        cmd = "${again}"
+        macros.ctx = "4096"
+        [models.b]
+        cmd = "${serve}"
+        """
+    )
+    assert found == {"macros.serve": "unknown macro ${ctx}; define it under [macros]"}
+
+
 def test_macros_in_cmd_comment_lines_are_not_expanded() -> None:
     # llama-swap drops comment lines before expanding macros: a multi-line macro, or one
     # that is not defined, in a comment changes nothing.
