@@ -107,7 +107,8 @@ class FakeServer:
         if scope["type"] != "http":
             return
         method, path = scope["method"], scope["path"]
-        say(f"request {method} {path} at {time.time():.6f}")
+        if path != "/health":  # as llama-server: readiness polls would crowd the log
+            say(f"request {method} {path} at {time.time():.6f}")
         # HEAD as GET, as llama-server answers it (hypercorn leaves the body out).
         handler = self._routes.get(("GET" if method == "HEAD" else method, path))
         if handler is None:

@@ -142,10 +142,13 @@ async def test_health_is_503_while_loading_then_200() -> None:
             assert response.json() == {"status": "ok"}
             assert response.headers["x-fake-model"] == "fake"
 
+            assert (await client.get(f"{fake.url}/v1/models")).status_code == 200
+
             healthy = await fake.expect_line("fake_server: healthy at ")
             assert re.fullmatch(r"fake_server: healthy at \d+\.\d{6}", healthy)
+            # Each request is logged but the readiness polls, as llama-server does.
             request = await fake.expect_line("fake_server: request ")
-            assert re.fullmatch(r"fake_server: request GET /health at \d+\.\d{6}", request)
+            assert re.fullmatch(r"fake_server: request GET /v1/models at \d+\.\d{6}", request)
 
 
 async def test_chat_completion_is_deterministic_with_usage() -> None:
