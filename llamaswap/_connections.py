@@ -1,9 +1,10 @@
 """What llamaswap changes in hypercorn's handler of one connection (its trio worker).
 
-hypercorn builds each connection's handler from ``hypercorn.trio.run.TCPServer``, and its
-task group from ``hypercorn.trio.tcp_server.TaskGroup``; importing this module installs
-:class:`TCPServer` and :class:`TaskGroup` there. Nothing a client sees changes but the
-first point; the others make a small request more than a quarter cheaper
+hypercorn builds each connection's handler from ``hypercorn.trio.run.TCPServer``, its
+task group from ``hypercorn.trio.tcp_server.TaskGroup``, and its HTTP/1.1 side from
+``hypercorn.protocol.H11Protocol``; importing this module installs :class:`TCPServer`,
+:class:`TaskGroup` and :class:`H11Protocol` there. The first point and the last two change
+what a client sees; the others make a small request more than a quarter cheaper
 (docs/performance.md, fifth pass):
 
 * **once nothing more can be read, the idle timer stops**: the connection closes as soon
@@ -26,7 +27,10 @@ first point; the others make a small request more than a quarter cheaper
   ``http.disconnect`` is handed over, so that no task has to wait for that message;
 * **a request h11 cannot read is refused with llamaswap's JSON error** (SPEC §4.3): 431
   ``request_head_too_large`` for a head over ``h11_max_incomplete_size``, 400
-  ``invalid_request`` for one that is not HTTP/1.1. hypercorn's refusal had no body.
+  ``invalid_request`` for one that is not HTTP/1.1. hypercorn's refusal had no body;
+* **``100 Continue`` goes out when the application first asks for the body**, so that a
+  client that sent ``Expect: 100-continue`` is refused (401, 404, 413...) before it sends
+  its body. hypercorn said it as soon as it had read the request's head.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from llamaswap.proxy.errors import error_response
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
 from llamaswap.proxy.upstream import send_now
 
-__all__ = ["IdleTimer", "TCPServer", "TaskGroup", "refuse_unreadable"]
+__all__ = ["H11Protocol", "IdleTimer", "TCPServer", "TaskGroup"]
 
 
 class IdleTimer:
@@ -186,24 +190,76 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             timer.end()
 
 
-async def refuse_unreadable(self: hypercorn.protocol.h11.H11Protocol, status_code: int) -> None:
-    """hypercorn's answer to a request h11 cannot read (``status_code``: h11's hint, 431
-    for a head too large, else 400), with llamaswap's JSON error body; the connection
-    closes after it, as hypercorn's did."""
-    error: RequestError
-    if status_code == 431:
-        error = HeadTooLarge(self.config.h11_max_incomplete_size)
-    else:
-        error = BadRequest("the request is not valid HTTP/1.1")
-    _, headers, body = error_response(error)
-    fields = [(name.encode(), value.encode()) for name, value in headers]
-    fields += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-    fields += self.config.response_headers("h11")
-    await self._send_h11_event(h11.Response(status_code=status_code, headers=fields))
-    await self._send_h11_event(h11.Data(data=body))
-    await self._send_h11_event(h11.EndOfMessage())
+class _Connection(h11.Connection):
+    """h11's server side, on which hypercorn says ``100 Continue`` only once the
+    application has asked for the body (``body_wanted``)."""
+
+    body_wanted = False
+
+    @property
+    def they_are_waiting_for_100_continue(self) -> bool:
+        return self.body_wanted and super().they_are_waiting_for_100_continue
+
+    def start_next_cycle(self) -> None:
+        super().start_next_cycle()
+        self.body_wanted = False
 
 
-hypercorn.protocol.h11.H11Protocol._send_error_response = refuse_unreadable  # type: ignore[method-assign]
+class H11Protocol(hypercorn.protocol.h11.H11Protocol):
+    """hypercorn's HTTP/1.1 side of a connection, which says ``100 Continue`` when the
+    application first asks for the body, and refuses a request h11 cannot read with
+    llamaswap's JSON error."""
+
+    def __init__(self, app: hypercorn.typing.AppWrapper, *args: Any, **kwargs: Any) -> None:
+        super().__init__(partial(self._call, app), *args, **kwargs)
+        self.connection = _Connection(
+            h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size
+        )
+
+    async def _call(
+        self,
+        app: hypercorn.typing.AppWrapper,
+        scope: hypercorn.typing.Scope,
+        receive: hypercorn.typing.ASGIReceiveCallable,
+        *args: Any,
+    ) -> None:
+        """The application, whose first ``receive`` says ``100 Continue`` first if the
+        client waits for it."""
+        connection = self.connection
+        if isinstance(connection, _Connection) and connection.client_is_waiting_for_100_continue:
+            receive = partial(self._continue, connection, receive)
+        await app(scope, receive, *args)
+
+    async def _continue(
+        self, connection: _Connection, receive: hypercorn.typing.ASGIReceiveCallable
+    ) -> hypercorn.typing.ASGIReceiveEvent:
+        if not connection.body_wanted:
+            connection.body_wanted = True
+            if connection.they_are_waiting_for_100_continue:  # not answered meanwhile
+                headers = self.config.response_headers("h11")
+                await self._send_h11_event(
+                    h11.InformationalResponse(status_code=100, headers=headers)
+                )
+        return await receive()
+
+    async def _send_error_response(self, status_code: int) -> None:
+        """hypercorn's answer to a request h11 cannot read (``status_code``: h11's hint,
+        431 for a head too large, else 400), with llamaswap's JSON error body; the
+        connection closes after it, as hypercorn's did."""
+        error: RequestError
+        if status_code == 431:
+            error = HeadTooLarge(self.config.h11_max_incomplete_size)
+        else:
+            error = BadRequest("the request is not valid HTTP/1.1")
+        _, headers, body = error_response(error)
+        fields = [(name.encode(), value.encode()) for name, value in headers]
+        fields += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        fields += self.config.response_headers("h11")
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=fields))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+
+hypercorn.protocol.H11Protocol = H11Protocol  # type: ignore[attr-defined]
 hypercorn.trio.run.TCPServer = TCPServer  # type: ignore[attr-defined]
 hypercorn.trio.tcp_server.TaskGroup = TaskGroup  # type: ignore[attr-defined]

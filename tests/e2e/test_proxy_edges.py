@@ -123,6 +123,63 @@ async def test_body_larger_than_max_body_bytes_is_413(proxy_factory: StartProxy)
     assert "loading model 'm'" in proxy.output.text()
 
 
+async def test_a_client_that_waits_for_100_continue_is_refused_before_it_sends_its_body(
+    proxy_factory: StartProxy,
+) -> None:
+    """``Expect: 100-continue``: llamaswap says 100 when it reads the body, so a body over
+    maxBodyBytes is refused unsent. hypercorn said 100 as soon as it had read the head,
+    and the client sent the body to be refused. On a kept-alive connection each request
+    waits for its own."""
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"', maxBodyBytes=1000))
+    body = json.dumps(chat("m")).encode()
+    client = h11.Connection(h11.CLIENT)
+
+    def request(length: int) -> bytes:
+        fields = [("Host", "x"), ("Content-Type", "application/json")]
+        fields += [("Content-Length", str(length)), ("Expect", "100-continue")]
+        return (
+            client.send(h11.Request(method="POST", target="/v1/chat/completions", headers=fields))
+            or b""
+        )
+
+    host, _, port = proxy.url.removeprefix("http://").partition(":")
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+
+        async def next_event() -> object:
+            while (event := client.next_event()) is h11.NEED_DATA:
+                client.receive_data(await stream.receive_some())
+            return event
+
+        async def rest() -> bytes:
+            data = b""
+            while isinstance(event := await next_event(), h11.Data):
+                data += event.data
+            assert isinstance(event, h11.EndOfMessage), event
+            return data
+
+        with trio.fail_after(30):
+            await stream.send_all(request(len(body)))
+            interim = await next_event()
+            assert isinstance(interim, h11.InformationalResponse), interim
+            assert interim.status_code == 100
+            await stream.send_all(
+                b"".join(client.send(e) or b"" for e in (h11.Data(data=body), h11.EndOfMessage()))
+            )
+            answer = await next_event()
+            assert isinstance(answer, h11.Response), answer
+            assert answer.status_code == 200
+            await rest()
+
+            client.start_next_cycle()
+            await stream.send_all(request(2000))
+            refusal = await next_event()  # not a 100 first
+            assert isinstance(refusal, h11.Response), refusal
+            assert refusal.status_code == 413
+            assert (b"connection", b"close") in refusal.headers
+            assert json.loads(await rest())["error"]["code"] == "request_too_large"
+            assert await stream.receive_some() == b""  # closed: the body never came
+
+
 async def test_what_a_client_sends_is_kept_cut_short_in_the_activity_log_and_logs(
     proxy_factory: StartProxy,
 ) -> None:
