@@ -97,14 +97,35 @@ def test_json_python_cannot_read_is_400() -> None:
 
 
 def test_a_number_python_cannot_read_is_400_only_when_the_document_is_needed() -> None:
-    """The model is read without building the document: the body goes through untouched,
-    unless a filter must change it."""
-    payload = Payload(b'{"model": "m", "seed": ' + b"1" * 5000 + b"}", "application/json")
+    """The model is read, and a filter applied, without building the document: the number
+    goes through as written. Only a translation (``anthropic = "translate"``) needs the
+    document."""
+    digits = b"1" * 5000
+    payload = Payload(b'{"model": "m", "seed": ' + digits + b"}", "application/json")
     assert read_model(ModelIn.JSON, payload, b"") == "m"
+    rewritten = rewrite_body(ModelIn.JSON, payload, model="upstream-name")
+    assert rewritten.raw == b'{"model":"upstream-name","seed":' + digits + b"}"
     with pytest.raises(BadRequest) as info:
-        rewrite_body(ModelIn.JSON, payload, model="upstream-name")
+        payload.json()
     assert str(info.value) == (
         "the request body holds a number with more than 4300 digits; llamaswap cannot read it"
+    )
+
+
+def test_a_rewrite_changes_top_level_keys_and_keeps_every_other_value_as_written() -> None:
+    """Numbers a document would change (``1e400`` became ``Infinity``, which is not JSON;
+    ``1E2`` became ``100.0``), text and nesting go upstream byte for byte, in order."""
+    body = (
+        b'{"model": "chat", "temperature": 1e400, "top_k": 1E2, "stop": ["\\u00e9", "\xc3\xa9"],'
+        b' "seed": -0, "tools": [{"a": {"b": [1.50, null]}}], "drop": true}'
+    )
+    filters = FilterConfig(strip_params=("drop",), set_params={"top_k": 40, "n": 1.5})
+    rewritten = rewrite_body(
+        ModelIn.JSON, Payload(body, "application/json"), model="qwen:7b", filters=filters
+    )
+    assert rewritten.raw == (
+        b'{"model":"qwen:7b","temperature":1e400,"top_k":40,"stop":["\\u00e9", "\xc3\xa9"],'
+        b'"seed":-0,"tools":[{"a": {"b": [1.50, null]}}],"n":1.5}'
     )
 
 
