@@ -433,6 +433,7 @@ def create_app(
         return _json({"model": model_id, "state": router.model_state(model_id).value})
 
     @quart.post("/api/models/unload")
+    @quart.get("/unload")  # llama-swap's
     async def unload_all() -> Response:
         return _json({"unloaded": sorted(await router.unload())})
 

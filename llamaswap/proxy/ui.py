@@ -1,4 +1,5 @@
-"""The web dashboard's files: ``/ui`` → ``/ui/``, ``/ui/`` → ``index.html``, ``/ui/<asset>``.
+"""The web dashboard's files: ``/ui`` → ``/ui/``, ``/ui/`` → ``index.html``, ``/ui/<asset>``;
+and llama-swap's ways to the dashboard, ``/`` and ``/upstream``.
 
 The dashboard is static: plain ES modules, one stylesheet and an icon under
 ``llamaswap/ui/`` (package data), read by the browser as they are, with no build step.
@@ -23,7 +24,7 @@ __all__ = ["PUBLIC_ENDPOINTS", "UI_DIRECTORY", "register"]
 UI_DIRECTORY: Final = Path(__file__).resolve().parent.parent / "ui"
 
 #: The Quart endpoints (view names) that need no API key: the dashboard's files only.
-PUBLIC_ENDPOINTS: Final = frozenset({"ui_redirect", "ui_index", "ui_asset"})
+PUBLIC_ENDPOINTS: Final = frozenset({"ui_redirect", "to_ui", "ui_index", "ui_asset"})
 
 _TYPES: Final = {  # text types get "; charset=utf-8" from Quart
     ".html": "text/html",
@@ -52,6 +53,11 @@ def register(quart: QuartTrio) -> None:
     async def ui_redirect() -> Response:
         # Relative, so that the page also works behind a proxy that adds a path prefix.
         return Response("", status=308, headers={"location": "ui/"})
+
+    @quart.get("/")
+    @quart.get("/upstream")  # llama-swap's list of models to open a server's own page in
+    async def to_ui() -> Response:
+        return Response("", status=302, headers={"location": "ui/"})  # as llama-swap's
 
     @quart.get("/ui/")
     async def ui_index() -> Response:

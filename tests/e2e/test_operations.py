@@ -282,6 +282,21 @@ async def test_cancelling_what_is_not_in_flight_is_a_json_404(proxy_factory: Sta
     assert not_a_number.json()["error"]["code"] == "not_found"
 
 
+async def test_get_unload_stops_every_model_as_llama_swap_s_does(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(MODELS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/beta")).status_code == 200
+            assert [
+                entry["model"] for entry in (await client.get("/running")).json()["running"]
+            ] == ["beta"]
+            unloaded = await client.get("/unload")
+            assert (unloaded.status_code, unloaded.json()) == (200, {"unloaded": ["beta"]})
+            assert (await client.get("/running")).json() == {"running": []}
+
+
 async def test_models_list_their_state_before_and_after_a_load(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(MODELS)
 

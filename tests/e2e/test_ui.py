@@ -201,6 +201,9 @@ async def test_the_files_are_served_without_a_key_and_nothing_else_is(
             assert refused.status_code == 401, path
         key = {"Authorization": "Bearer sk-ui-1"}
         assert (await client.get("/v1/models", headers=key)).status_code == 200
+        for path in ("/", "/upstream"):  # llama-swap's ways to its dashboard
+            moved = await client.get(path)
+            assert (moved.status_code, moved.headers["location"]) == (302, "ui/"), path
 
 
 def test_the_whole_page_is_small() -> None:
