@@ -213,7 +213,11 @@ def _chat_messages(message: object, where: str) -> list[dict[str, Any]]:
     if parts or calls:
         message_out: dict[str, Any] = {"role": role}
         if all(part["type"] == "text" for part in parts):
-            message_out["content"] = "\n".join(part["text"] for part in parts) or None
+            # No text is null beside tool calls, as OpenAI writes it; "" otherwise (null
+            # content is only for an assistant's tool calls: strict servers refuse it).
+            message_out["content"] = "\n".join(part["text"] for part in parts) or (
+                None if calls else ""
+            )
         else:
             message_out["content"] = parts
         if calls:

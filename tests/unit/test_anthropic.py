@@ -173,6 +173,22 @@ def calls_turn(*ids: str) -> dict[str, Any]:
     return {"role": "assistant", "content": calls}
 
 
+def test_empty_text_is_an_empty_string_and_null_only_beside_tool_calls() -> None:
+    call = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": ""}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ""}, call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ""}]},
+        ],
+    }
+    chat, _ = chat_request(body)
+    assert [message.get("content", "-") for message in chat["messages"]] == ["", None, "", ""]
+
+
 def test_images_in_tool_results_go_in_a_user_message_after_the_tool_messages() -> None:
     # A chat tool message carries only text: its images follow all of the turn's tool
     # messages (no other message may come between a call and its answer), in one user
