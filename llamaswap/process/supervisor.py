@@ -98,6 +98,9 @@ class ModelSupervisor:
             ``statistics()``); must not block.
         in_flight: the number of requests being served by this model (the router's
             count); call ``requests_changed`` whenever it changes.
+        wanted: the number of requests for this model, waiting or being served (at least
+            ``in_flight``): the TTL does not run while there are any. Call
+            ``requests_changed`` whenever it changes too.
         poll_interval: seconds between readiness probes.
     """
 
@@ -112,6 +115,7 @@ class ModelSupervisor:
         listener: StateListener | None = None,
         spawned: Callable[[], None] = lambda: None,
         in_flight: Callable[[], int] = lambda: 0,
+        wanted: Callable[[], int] | None = None,
         poll_interval: float = HEALTH_POLL_INTERVAL,
     ) -> None:
         self.model_id = model_id
@@ -128,6 +132,7 @@ class ModelSupervisor:
         self._run: _Run | None = None
         self._nursery: trio.Nursery | None = None
         self._in_flight = in_flight
+        self._wanted = in_flight if wanted is None else wanted
         self._idle_deadline = math.inf
         self._idle_scope = trio.CancelScope()
         self._starts = 0
@@ -222,14 +227,14 @@ class ModelSupervisor:
             self._request_stop(self._run, reason)
 
     def requests_changed(self) -> None:
-        """The in-flight count changed: while requests are in flight the model is never
-        unloaded for idleness; when the last one ends, the TTL clock restarts from now
-        (or a model retiring once drained stops now)."""
+        """The requests for the model changed: a model retiring once drained stops when
+        the last one it serves ends; while requests for it wait or are served, it is never
+        unloaded for idleness; when the last one ends, the TTL clock restarts from now."""
         run = self._run
-        if self._in_flight():
-            self._set_idle_deadline(math.inf)
-        elif run is not None and run.draining:
+        if run is not None and run.draining and not self._in_flight():
             run.scope.cancel(reason=f"model {self.model_id!r}: {run.stop_reason}")
+        elif self._wanted():
+            self._set_idle_deadline(math.inf)
         else:
             self._arm_ttl()
 
@@ -473,7 +478,7 @@ class ModelSupervisor:
     # ------------------------------------------------------------------- TTL
 
     def _arm_ttl(self) -> None:
-        if self._state is ModelState.READY and not self._in_flight() and self.config.ttl > 0:
+        if self._state is ModelState.READY and not self._wanted() and self.config.ttl > 0:
             self._set_idle_deadline(trio.current_time() + self.config.ttl)
 
     def _set_idle_deadline(self, deadline: float) -> None:
@@ -490,7 +495,7 @@ class ModelSupervisor:
             if (
                 self._run is not None
                 and self._state is ModelState.READY
-                and not self._in_flight()
+                and not self._wanted()
                 and trio.current_time() >= self._idle_deadline
             ):
                 self._request_stop(self._run, f"idle for ttl={self.config.ttl:g}s")

@@ -167,10 +167,11 @@ class Lease:
 
 @final
 class Leases:
-    """Every admitted request, and how many are in flight per model."""
+    """Every admitted request, and how many there are per model, and in flight."""
 
     def __init__(self) -> None:
         self._leases: dict[Ticket, Lease] = {}
+        self._wanted: collections.Counter[str] = collections.Counter()
         self._in_flight: collections.Counter[str] = collections.Counter()
         #: Leases cancelled while parked whose cancel the scheduler has not heard yet.
         self.abandoned: collections.deque[Lease] = collections.deque()
@@ -184,6 +185,10 @@ class Leases:
     def in_flight(self, model: str) -> int:
         return self._in_flight[model]
 
+    def wanted(self, model: str) -> int:
+        """The requests for ``model`` admitted and not released: waiting or in flight."""
+        return self._wanted[model]
+
     def waiting(self, ticket: Ticket) -> bool:
         """Whether ``ticket``'s request is parked (or about to be), neither woken nor gone."""
         lease = self._leases.get(ticket)
@@ -192,6 +197,7 @@ class Leases:
     def add(self, lease: Lease) -> None:
         lease._abandoned = self.abandoned
         self._leases[lease.ticket] = lease
+        self._wanted[lease.ticket.model] += 1
 
     def grant(self, ticket: Ticket) -> bool:
         """Wake ``ticket``'s request, granted; False if it is not waiting any more."""
@@ -220,7 +226,11 @@ class Leases:
                 if not self._in_flight:
                     self._drained.set()
         lease.state = LeaseState.RELEASED
-        self._leases.pop(lease.ticket, None)
+        if self._leases.pop(lease.ticket, None) is not None:
+            model = lease.ticket.model
+            self._wanted[model] -= 1
+            if not self._wanted[model]:
+                del self._wanted[model]
 
     async def drained(self) -> None:
         """Return once no request is in flight."""

@@ -141,6 +141,7 @@ class Router:
             listener=self._on_model_state,
             spawned=partial(self._tell_spawned, model_id),
             in_flight=partial(self._leases.in_flight, model_id),
+            wanted=partial(self._leases.wanted, model_id),
         )
         supervisor.log.subscribe(partial(self._on_output, model_id))
         return supervisor
@@ -319,6 +320,7 @@ class Router:
             logger.exception("scheduler %r failed on request #%d", self.scheduler.name, lease.id)
             raise InternalError("the scheduler failed on this request") from exc
         self._tell("queued", lease)  # before its decisions: a grant comes after admission
+        self.supervisors[model].requests_changed()  # wanted now: its TTL waits
         self._apply(decisions, self.scheduler)
 
     def _end(self, lease: Lease) -> None:
@@ -339,6 +341,7 @@ class Router:
             self._leases.release(lease)
             self._tell("failed", lease)
             self._retired.pop(lease.ticket, None)
+            self._requests_changed(lease.ticket.model)
         else:  # abandoned while parked: the scheduler is told now, if nobody did yet
             self._catch_up()
 
@@ -527,6 +530,7 @@ class Router:
                     on_cancel = partial(scheduler.on_cancel, lease.ticket)
                     self._run_event(f"cancelled request #{lease.id}", scheduler, on_cancel, ())
                     self._leases.release(lease)
+                    self._requests_changed(lease.ticket.model)
             else:
                 ticket = self._orphans.pop()
                 scheduler = self._take_owner(ticket)
@@ -622,6 +626,12 @@ class Router:
             listener(model, state)
         if state is ModelState.STOPPED:
             self._forget_if_unneeded(model)
+
+    def _requests_changed(self, model: str) -> None:
+        """A request for ``model`` that was never served left: its TTL may run again."""
+        supervisor = self.supervisors.get(model)  # none if a reload removed it
+        if supervisor is not None:
+            supervisor.requests_changed()
 
     def _forget_if_unneeded(self, model: str) -> None:
         """Forget ``model`` if a reload removed it and nothing needs it any more: it is

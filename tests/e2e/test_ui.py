@@ -651,6 +651,54 @@ async def test_after_llamaswap_restarts_the_activity_table_is_the_new_process_s(
 
 
 @needs_browser
+async def test_a_request_waiting_for_a_ready_model_pauses_its_ttl_until_it_leaves(
+    proxy_factory: StartProxy,
+) -> None:
+    """Under serial, beta (ttl 300 s) is ready and a request for it waits for the slot
+    alpha holds: its TTL does not run, on the server or on the page, until that request
+    is cancelled (the server unloaded beta meanwhile, and the page counted down)."""
+    proxy = await proxy_factory(
+        config(
+            '[models.alpha]\ncmd = "${fake} --tokens-per-second 10"\n'
+            '[models.beta]\ncmd = "${fake}"\nttl = 300\n'
+            '[routing.router.settings.groups.both]\nmembers = ["alpha", "beta"]\nswap = false\n'
+            '[routing.scheduler]\nuse = "serial"'
+        )
+    )
+
+    async def ttl_left(client: httpx.AsyncClient) -> object:
+        listed = (await client.get("/v1/models/beta")).json()
+        return listed["meta"]["llamaswap"]["ttl_left"]
+
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            assert (
+                await client.post("/v1/chat/completions", json=chat("beta"))
+            ).status_code == 200
+            assert isinstance(await ttl_left(client), float)
+            known: set[int] = set()
+            send = partial(client.post, "/v1/chat/completions")
+            nursery.start_soon(partial(send, json=chat("alpha", max_tokens=600)))  # a minute
+            await new_request(client, known, "serving")
+            nursery.start_soon(partial(send, json=chat("beta")))
+            waiting = await new_request(client, known, "queued")
+            assert await ttl_left(client) is None
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            ttl = tab.model("beta").locator('[data-role="ttl"]')
+            expect(ttl).to_have_text("paused", timeout=WAIT)
+            row = tab.page.locator(f'#waiting tbody tr[data-key="{waiting}"]')
+            row.get_by_role("button", name="Cancel").click()
+            expect(ttl).to_have_text(re.compile(r"^[45]m \d\ds$"), timeout=WAIT)
+
+        await in_browser(proxy.url, body)
+        with trio.fail_after(10):
+            assert isinstance(await ttl_left(client), float)
+        nursery.cancel_scope.cancel()
+
+
+@needs_browser
 async def test_while_llamaswap_is_down_the_page_is_stale_and_its_buttons_off(
     proxy_factory: StartProxy, tmp_path: Path
 ) -> None:

@@ -12,7 +12,10 @@ import trio.testing
 
 from llamaswap.config.model import (
     Config,
+    GroupConfig,
     ModelConfig,
+    RouterSection,
+    RouterSettings,
     Routing,
     SchedulerSection,
     SchedulerSettings,
@@ -296,6 +299,54 @@ async def test_request_during_ttl_stop_waits_and_restarts(
         assert router.model_state("a") is S.READY
     assert trio.current_time() - t0 == 2.0
     assert len(spawner.processes) == 2
+
+
+async def test_a_model_with_a_request_waiting_for_it_is_not_unloaded_by_its_ttl(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """``b`` (ttl 3 s) is ready, and a request for it waits 9 s for serial's slot, which
+    ``a`` holds (the two run together). The TTL waits for it: it unloaded ``b`` 3 s after
+    its last request, and loaded it again for the waiting one. Then it counts from the
+    end of that request."""
+    spawner.script = Script(healthy_after=0.0)
+    together = GroupConfig(members=("a", "b"), swap=False)
+    config = Config(
+        models={"a": model(1), "b": model(2, ttl=3.0)},
+        routing=Routing(
+            router=RouterSection(settings=RouterSettings(groups={"g": together})),
+            scheduler=SchedulerSection(use="serial"),
+        ),
+    )
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    await nursery.start(router.run)
+    async with lease(router, "b"):
+        pass
+    served = trio.Event()
+
+    async def hold_a() -> None:
+        async with lease(router, "a"):
+            served.set()
+            await trio.sleep(10.0)
+
+    async def request_b() -> None:
+        await served.wait()
+        await trio.sleep(1.0)
+        async with lease(router, "b"):
+            assert trio.current_time() == t0 + 10.0
+            assert router.model_state("b") is S.READY
+        ended.append(trio.current_time())
+
+    t0 = trio.current_time()
+    ended: list[float] = []
+    async with trio.open_nursery() as requests:
+        requests.start_soon(hold_a)
+        requests.start_soon(request_b)
+    assert recorder.states("b") == [S.STARTING, S.READY]  # never stopped
+    await recorder.wait_for(S.STOPPING, "b")
+    assert trio.current_time() == ended[0] + 3.0
 
 
 @pytest.mark.parametrize(("late", "order"), [(150.0, ["c", "b"]), (201.0, ["b", "c"])])

@@ -122,9 +122,9 @@ export function mountModels(store) {
     if (info && info.ttl === null) {
       ttl = "none";
       ttlTitle = "no ttl: it stays loaded until evicted or unloaded";
-    } else if (model.state === "ready" && inFlight > 0) {
+    } else if (model.state === "ready" && store.wanted(model.id) > 0) {
       ttl = "paused";
-      ttlTitle = `the ${fmt.duration(info?.ttl * 1000)} countdown starts again when its requests finish`;
+      ttlTitle = `the ${fmt.duration(info?.ttl * 1000)} countdown starts again when the requests for it finish`;
     } else if (model.ttlDeadline !== null) {
       ttl = fmt.duration(Math.max(0, model.ttlDeadline - now));
       ttlTitle = `unloaded at ${fmt.clock(model.ttlDeadline)} if no request comes`;

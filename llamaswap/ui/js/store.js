@@ -4,8 +4,9 @@
 // not carry is derived here, the way the server derives it:
 // - in flight per model = its requests in state "serving" (granted, not yet released:
 //   the router's own count);
-// - the TTL countdown restarts when a ready model's last request finishes, as the
-//   supervisor's idle deadline does; it is paused while requests are in flight;
+// - the TTL countdown restarts when a ready model's last request finishes or leaves, as
+//   the supervisor's idle deadline does; it is paused while requests for the model wait
+//   or are in flight;
 // - how long a load took = from its "starting" event to its "ready" event.
 // GET /v1/models (names, ttl, loaded_since, ttl_left) is read with each snapshot (the
 // app reconnects after a reload) and after a model changes state: on events, never on a
@@ -146,14 +147,14 @@ export class Store {
   onRequest(event) {
     const model = this.models.get(event.model);
     const before = model ? this.inFlight(event.model) : 0;
+    const wantedBefore = model ? this.wanted(event.model) : 0;
     if (FINISHED.has(event.state)) this.requests.delete(event.id);
     else this.requests.set(event.id, this.stamp(event));
     this.emit("requests", event);
     if (model) {
-      const after = this.inFlight(event.model);
-      if (after > 0) model.ttlDeadline = null;
-      else if (before > 0) this.restartTtl(model);
-      if (after !== before) this.emit("models");
+      if (this.wanted(event.model) > 0) model.ttlDeadline = null;
+      else if (wantedBefore > 0) this.restartTtl(model);
+      if (this.inFlight(event.model) !== before) this.emit("models");
     }
   }
 
@@ -182,7 +183,7 @@ export class Store {
 
   restartTtl(model) {
     const ttl = this.listed.get(model.id)?.ttl ?? null;
-    const idle = this.inFlight(model.id) === 0;
+    const idle = this.wanted(model.id) === 0;
     model.ttlDeadline = ttl !== null && idle && model.state === "ready" ? Date.now() + ttl * 1000 : null;
   }
 
@@ -190,6 +191,15 @@ export class Store {
     let count = 0;
     for (const request of this.requests.values()) {
       if (request.model === id && request.state === "serving") count += 1;
+    }
+    return count;
+  }
+
+  // Requests for the model, waiting or in flight.
+  wanted(id) {
+    let count = 0;
+    for (const request of this.requests.values()) {
+      if (request.model === id) count += 1;
     }
     return count;
   }
