@@ -53,14 +53,31 @@ def validate(
         names.update(aliases)
     _check_groups(config, model_ids, names, problems)
     _check_matrix(config, model_ids, problems)
-    priority = ("routing", "scheduler", "settings", "fifo", "priority")
-    for name in config.routing.scheduler.settings.fifo.priority:
-        _check_reference(name, (*priority, name), names, problems)
+    _check_fifo_priority(config, names, problems)
     for index, name in enumerate(config.hooks.on_startup.preload):
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
     return _cap_bonus(config, problems), problems
+
+
+def _check_fifo_priority(config: Config, names: Collection[str], problems: list[Problem]) -> None:
+    """Each key names a model (by ID or alias), and no model is named twice: which of two
+    priorities would count is nowhere written."""
+    path: Path = ("routing", "scheduler", "settings", "fifo", "priority")
+    owners = {model_id: model_id for model_id in config.models}
+    owners.update((alias, id_) for id_, model in config.models.items() for alias in model.aliases)
+    named: dict[str, str] = {}
+    for name in config.routing.scheduler.settings.fifo.priority:
+        _check_reference(name, (*path, name), names, problems)
+        model_id = owners.get(name)
+        if model_id is None:
+            continue
+        if model_id in named:
+            first = named[model_id]
+            message = f"names model {model_id!r}, as {first!r} does; keep one of them"
+            problems.append(Problem((*path, name), message))
+        named.setdefault(model_id, name)
 
 
 def _check_top_level(config: Config, problems: list[Problem]) -> None:

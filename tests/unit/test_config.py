@@ -570,6 +570,18 @@ def test_fifo_priority_keys_are_models_or_aliases() -> None:
     }
 
 
+def test_a_model_named_twice_in_fifo_priority_is_reported() -> None:
+    # By its ID and an alias: which priority counted was the order of the keys.
+    found = problems_of(
+        TWO_MODELS + "[routing.scheduler.settings.fifo.priority]\ngpt = 1\ncoder = 2\nchat = 3\n"
+    )
+    assert found == {
+        "routing.scheduler.settings.fifo.priority.chat": (
+            "names model 'chat', as 'gpt' does; keep one of them"
+        )
+    }
+
+
 def test_preload_entries_are_models_or_aliases() -> None:
     found = problems_of(TWO_MODELS + '[hooks.on_startup]\npreload = ["gpt", "coder", "nope"]\n')
     assert found == {
