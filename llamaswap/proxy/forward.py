@@ -39,6 +39,7 @@ from hypercorn.typing import (
 
 from llamaswap.config.model import Config, FilterConfig, Timeouts
 from llamaswap.errors import (
+    BadRequest,
     BodyTooLarge,
     MethodNotAllowed,
     ModelStartFailed,
@@ -466,6 +467,12 @@ class Forwarder:
             streamed = "transfer-encoding" in headers or (bool(declared) and not small)
             payload = None if streamed else Payload(await body.read(), content_type)
         else:
+            encoding = headers.get("content-encoding", "identity").strip().lower()
+            if encoding != "identity" and route.model_in is not ModelIn.QUERY:
+                raise BadRequest(
+                    f"the request body is compressed (Content-Encoding: {encoding[:40]}), and "
+                    "llamaswap reads the model from it: send it uncompressed"
+                )
             payload = Payload(await body.read(), content_type)
             name = read_model(route.model_in, payload, query)
             exchange.metadata["requested_model"] = name
@@ -709,6 +716,7 @@ _READ = frozenset(
     {
         b"authorization",
         b"x-api-key",
+        b"content-encoding",
         b"content-length",
         b"content-type",
         b"transfer-encoding",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -120,6 +121,27 @@ async def test_body_larger_than_max_body_bytes_is_413(proxy_factory: StartProxy)
             assert streamed.status_code == 413
             small = await client.post("/v1/chat/completions", json=chat("m"))
             assert small.status_code == 200
+    assert "loading model 'm'" in proxy.output.text()
+
+
+async def test_a_compressed_body_is_refused_by_name(proxy_factory: StartProxy) -> None:
+    """llamaswap reads the model from the body and does not decompress it: the client is
+    told so (it was told the body was not UTF-8)."""
+    proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
+    packed = gzip.compress(json.dumps(chat("m")).encode())
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            for encoding in ("gzip", "GZIP"):
+                headers = {"content-encoding": encoding, "content-type": "application/json"}
+                answer = await client.post("/v1/chat/completions", content=packed, headers=headers)
+                assert answer.status_code == 400
+                assert answer.json()["error"]["message"] == (
+                    "the request body is compressed (Content-Encoding: gzip), and llamaswap "
+                    "reads the model from it: send it uncompressed"
+                )
+            plain = {"content-encoding": "identity"}
+            answer = await client.post("/v1/chat/completions", json=chat("m"), headers=plain)
+            assert answer.status_code == 200
     assert "loading model 'm'" in proxy.output.text()
 
 
