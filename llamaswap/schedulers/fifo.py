@@ -125,7 +125,12 @@ class FifoScheduler:
     # ------------------------------------------------------------------ views
 
     def queued(self) -> list[Ticket]:
-        return self._queue.ordered()
+        """In queue order, but each model's requests together, where its first one is: a
+        drain serves them together, the later ones joining the first one's load."""
+        by_model: dict[str, list[Ticket]] = {}
+        for ticket in self._queue.ordered():
+            by_model.setdefault(ticket.model, []).append(ticket)
+        return [ticket for tickets in by_model.values() for ticket in tickets]
 
     def scores(self, tickets: list[Ticket]) -> list[float | None]:
         return [None] * len(tickets)

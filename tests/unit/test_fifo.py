@@ -91,6 +91,7 @@ def test_same_model_requests_collate() -> None:
     for t in (a1, b1, a2, b2):
         s.on_request(t)
     assert fx.swaps == []
+    assert s.scheduler.queued() == [a1, a2, b1, b2]  # the order they will be served in
     s.on_finish(blocker)
     swap_a = fx.last_swap()
     assert swap_a.waiters == [a1, a2]
@@ -121,7 +122,8 @@ def test_queue_order_is_effective_priority_then_arrival() -> None:
     for t in (a_old, b_low, a_high, c_same):
         s.on_request(t)
     assert [t.effective_priority for t in (a_old, b_low, a_high, c_same)] == [0, 5, 100, 5]
-    assert [s.position(t) for t in (a_high, b_low, c_same, a_old)] == [1, 2, 3, 4]
+    # The queue is a_high, b_low, c_same, a_old; a_old is listed (and served) with a_high.
+    assert [s.position(t) for t in (a_high, a_old, b_low, c_same)] == [1, 2, 3, 4]
     s.on_finish(blocker)
     # 'a' goes first (a_high), and a_old collates with it; then b before c.
     assert fx.last_swap().waiters == [a_high, a_old]
