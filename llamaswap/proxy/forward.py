@@ -514,7 +514,10 @@ class Forwarder:
         exchange.lease = self._router.lease(
             target.model_id,
             priority=exchange.priority,
-            needs_slot=scope["method"] not in ("GET", "HEAD"),
+            # Pages, and counting a prompt's tokens (clients ask before every turn), do
+            # not generate: they go beside a generation, not after it.
+            needs_slot=scope["method"] not in ("GET", "HEAD")
+            and scope["path"] != anthropic.COUNT_TOKENS_PATH,
             client=client_address(scope.get("client")),
             route=f"{scope['method']} {scope['path']}",
         )

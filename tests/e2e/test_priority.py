@@ -12,7 +12,7 @@ import trio
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import ProxyProcess, running
-from tests.e2e.test_operations import wait_for_request
+from tests.e2e.test_operations import inflight, wait_for_request
 from tests.e2e.test_proxy import chat, config
 
 SERIAL = config(
@@ -112,6 +112,25 @@ async def test_serial_order_under_a_blocker(
     assert "llamaswap_scheduler_affinity_changed_pick_total 1.0" in metrics
     assert "llamaswap_scheduler_aging_changed_pick_total 0.0" in metrics
     assert 'llamaswap_tokens_total{kind="completion",model="b"} 4.0' in metrics
+
+
+async def test_counting_tokens_goes_beside_a_generation_not_after_it(
+    proxy_factory: StartProxy,
+) -> None:
+    """Under serial, POST /v1/messages/count_tokens skips the slot when its model is ready,
+    as pages do: it is answered (here with the fake server's 404) while a generation holds
+    the slot, not after it."""
+    proxy = await proxy_factory(SERIAL)
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            body = chat("a", stream=True, max_tokens=600)  # 12 s, cut short below
+            async with client.stream("POST", "/v1/chat/completions", json=body) as blocker:
+                assert blocker.status_code == 200
+                count = {"model": "a", "messages": [{"role": "user", "content": "hi"}]}
+                answer = await client.post("/v1/messages/count_tokens", json=count)
+                assert (answer.status_code, answer.headers["x-llamaswap-upstream"]) == (404, "a")
+                serving = [entry["state"] for entry in await inflight(client)]
+                assert serving == ["serving"]  # the generation is still going
 
 
 def _ms(iso: str) -> float:
