@@ -320,7 +320,7 @@ class Router:
             logger.exception("scheduler %r failed on request #%d", self.scheduler.name, lease.id)
             raise InternalError("the scheduler failed on this request") from exc
         self._tell("queued", lease)  # before its decisions: a grant comes after admission
-        self.supervisors[model].requests_changed()  # wanted now: its TTL waits
+        self._requests_changed(model)  # wanted now: its TTL waits
         self._apply(decisions, self.scheduler)
 
     def _end(self, lease: Lease) -> None:
@@ -628,7 +628,7 @@ class Router:
             self._forget_if_unneeded(model)
 
     def _requests_changed(self, model: str) -> None:
-        """A request for ``model`` that was never served left: its TTL may run again."""
+        """A request for ``model`` came, or left unserved: its TTL waits, or may run."""
         supervisor = self.supervisors.get(model)  # none if a reload removed it
         if supervisor is not None:
             supervisor.requests_changed()

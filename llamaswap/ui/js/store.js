@@ -197,11 +197,7 @@ export class Store {
 
   // Requests for the model, waiting or in flight.
   wanted(id) {
-    let count = 0;
-    for (const request of this.requests.values()) {
-      if (request.model === id) count += 1;
-    }
-    return count;
+    return this.inFlight(id) + this.waitingFor(id);
   }
 
   waitingFor(id) {
