@@ -9,6 +9,7 @@ the proxy for ``127.0.0.1`` and find no model ever ready).
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Protocol, final
 from urllib.parse import urlsplit
 
@@ -18,6 +19,11 @@ if TYPE_CHECKING:
     from llamaswap.proxy.upstream import UpstreamPool
 
 __all__ = ["HttpProbe", "Probe"]
+
+#: The most of a check endpoint's body a probe reads: an answer that ends within it
+#: leaves its connection for the first request; a longer one (a stream, a file) is not
+#: read further, and its connection is closed.
+MAX_PROBE_BODY = 64 * 1024
 
 
 class Probe(Protocol):
@@ -50,8 +56,15 @@ class HttpProbe:
         with trio.move_on_after(self._timeout):
             try:
                 base = f"{parts.scheme}://{parts.netloc}"
-                async with self._pool.request("GET", base, target, [], None) as response:
-                    await response.read()  # to the end, so the connection can be kept
+                async with (
+                    self._pool.request("GET", base, target, [], None) as response,
+                    aclosing(response.chunks()) as chunks,
+                ):
+                    read = 0
+                    async for chunk in chunks:
+                        read += len(chunk)
+                        if read > MAX_PROBE_BODY:
+                            break
                     return response.status == 200
             except self._failed:
                 return False

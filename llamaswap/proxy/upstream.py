@@ -59,7 +59,7 @@ import select
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from typing import final
@@ -358,13 +358,13 @@ class UpstreamResponse:
         """The first value of ``name`` (lowercase), or ``""``."""
         return self._first.get(name, b"").decode("latin-1")
 
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives, in one piece per read from the socket: when the server
         writes faster than we relay (a fast stream of small events), what has piled up goes
         on together, not one event at a time. Raises UpstreamFailed if it breaks off."""
         return self._h11_body() if self._chunked is None else self._chunked_body(self._chunked)
 
-    async def _h11_body(self) -> AsyncIterator[bytes]:
+    async def _h11_body(self) -> AsyncGenerator[bytes, None]:
         connection = self._connection
         arrived: list[bytes] = []
         try:
@@ -385,7 +385,7 @@ class UpstreamResponse:
         except _BROKEN as exc:
             raise UpstreamFailed(_describe(exc), answered=True) from exc
 
-    async def _chunked_body(self, decoder: _Chunked) -> AsyncIterator[bytes]:
+    async def _chunked_body(self, decoder: _Chunked) -> AsyncGenerator[bytes, None]:
         connection = self._connection
         try:
             data = decoder.feed(connection.h11.trailing_data[0])  # what came with the head

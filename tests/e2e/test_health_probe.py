@@ -6,6 +6,7 @@ its environment, which requests to models ignore and so, now, do probes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ import pytest
 import trio
 
 from llamaswap.process import HttpProbe
+from llamaswap.process.health import MAX_PROBE_BODY
 from llamaswap.proxy import UpstreamPool
 from tests.e2e.harness import FAKE, free_port_base, start_proxy, stop_proxy
 from tests.e2e.test_upstream_pool import Peer, start_server
@@ -47,6 +49,33 @@ async def test_ready_is_a_200_on_a_kept_alive_connection(
         assert await probe(server.url + "/health?full=1")
     assert targets == [b"/health?full=1"] * 2
     assert server.connections == 1
+
+
+@pytest.mark.parametrize("framing", ["until close", "chunked"])
+async def test_a_200_whose_body_never_ends_is_ready_and_read_no_further(
+    nursery: trio.Nursery, pool: UpstreamPool, framing: str
+) -> None:
+    """A check endpoint that streams (an event stream, a file): 200 is ready. The probe
+    read the whole body until its timeout, 1.7 GB in QA, and then said not ready."""
+    sent = 0
+
+    async def script(peer: Peer, index: int) -> None:
+        nonlocal sent
+        assert await peer.request() is not None
+        head = b"HTTP/1.1 200 OK\r\n"
+        head += b"Transfer-Encoding: chunked\r\n\r\n" if framing == "chunked" else b"\r\n"
+        piece = b"0" * 65536
+        chunk = b"10000\r\n" + piece + b"\r\n" if framing == "chunked" else piece
+        with contextlib.suppress(trio.BrokenResourceError):
+            await peer.stream.send_all(head)
+            while True:
+                await peer.stream.send_all(chunk)
+                sent += len(piece)
+
+    server = await start_server(nursery, script)
+    with trio.fail_after(10):
+        assert await HttpProbe(pool, timeout=5.0)(server.url + "/health")
+    assert sent < 64 * MAX_PROBE_BODY  # what the socket buffers held, not gigabytes
 
 
 async def test_nobody_listening_is_not_ready(pool: UpstreamPool) -> None:
