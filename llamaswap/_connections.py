@@ -30,12 +30,16 @@ what a client sees; the others make a small request more than a quarter cheaper
   ``invalid_request`` for one that is not HTTP/1.1. hypercorn's refusal had no body;
 * **``100 Continue`` goes out when the application first asks for the body**, so that a
   client that sent ``Expect: 100-continue`` is refused (401, 404, 413...) before it sends
-  its body. hypercorn said it as soon as it had read the request's head.
+  its body. hypercorn said it as soon as it had read the request's head;
+* **the shutdown's last cancel reaches every write** (:func:`abandon_writes`): hypercorn
+  shields each write from cancellation, so that none is cut in half, and a write to a
+  client that does not read held the process until that client left.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -55,7 +59,7 @@ from llamaswap.proxy.errors import error_response
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
 from llamaswap.proxy.upstream import send_now
 
-__all__ = ["H11Protocol", "IdleTimer", "TCPServer", "TaskGroup"]
+__all__ = ["H11Protocol", "IdleTimer", "TCPServer", "TaskGroup", "abandon_writes"]
 
 
 class IdleTimer:
@@ -155,13 +159,18 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             self.context.terminated,
             self._initiate_server_close,
         )
+        self._shield = True
+        self._writing: trio.CancelScope | None = None
+        _OPEN.add(self)
 
     async def protocol_send(self, event: Event) -> None:
         """hypercorn's, without trips through Trio's scheduler that wait for nothing: the
         empty write that ends an answer of known length, and the write itself when the
         kernel takes it all at once (``send_now``; Trio waits only for what it did not
-        take). The send lock (it keeps two writers' bytes apart) is taken only to wait."""
-        if not isinstance(event, RawData) or self.send_lock.locked():
+        take). The send lock (it keeps two writers' bytes apart) is taken only to wait.
+        A write that waits is shielded from cancellation, as hypercorn's are (none is cut
+        in half), until :meth:`abandon_writes`."""
+        if not isinstance(event, RawData):
             await super().protocol_send(event)
             return
         data = event.data
@@ -169,17 +178,32 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             return
         stream: trio.abc.Stream = self.stream  # hypercorn types it as TLS only
         try:
-            sent = send_now(stream.socket, data) if isinstance(stream, trio.SocketStream) else 0
-            if sent == len(data):
-                return
-            self.send_lock.acquire_nowait()
+            if self.send_lock.locked():
+                await self.send_lock.acquire()  # after the other writer's bytes
+                sent = 0
+            else:
+                sent = (
+                    send_now(stream.socket, data) if isinstance(stream, trio.SocketStream) else 0
+                )
+                if sent == len(data):
+                    return
+                self.send_lock.acquire_nowait()
             try:
-                with trio.CancelScope(shield=True):
+                with trio.CancelScope(shield=self._shield) as self._writing:
                     await stream.send_all(memoryview(data)[sent:])
             finally:
+                self._writing = None
                 self.send_lock.release()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             await self.protocol.handle(Closed())
+
+    def abandon_writes(self) -> None:
+        """From now on a write that waits is cancelled with the task that makes it, the
+        one waiting now too: the shutdown's last cancel must not wait for a client that
+        does not read."""
+        self._shield = False
+        if self._writing is not None:
+            self._writing.shield = False
 
     async def _read_data(self) -> None:
         timer: IdleTimer = self.idle_task  # type: ignore[assignment]
@@ -188,6 +212,19 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             await super()._read_data()
         finally:
             timer.end()
+
+
+#: Every connection being served, for :func:`abandon_writes`.
+_OPEN: weakref.WeakSet[TCPServer] = weakref.WeakSet()
+
+
+def abandon_writes(config: hypercorn.config.Config) -> None:
+    """Let the shutdown's last cancel reach every write of the server that ``config``
+    configures (:meth:`TCPServer.abandon_writes`): a write waiting for a client that does
+    not read would hold the process until that client leaves."""
+    for server in list(_OPEN):
+        if server.config is config:
+            server.abandon_writes()
 
 
 class _Connection(h11.Connection):

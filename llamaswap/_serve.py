@@ -15,7 +15,8 @@ Task tree::
 
 Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
 to ``unloadTimeout`` to finish, cancel those still running with a clear 503, stop every
-model (polite, then SIGKILL), write the activity records still buffered, return.
+model (polite, then SIGKILL), end the live streams, cancel what is left (writes to
+clients that do not read too), write the activity records still buffered, return.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-import llamaswap._connections  # noqa: F401  (installs llamaswap's connection handler)
+from llamaswap._connections import abandon_writes  # (installs the connection handler)
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import ListenError, RequestError, only_cause
 from llamaswap.observability import (
@@ -137,7 +138,9 @@ async def _preload(router: Router, model: str) -> None:
         logger.warning("preloading %r failed: %s", model, exc)
 
 
-def _close_connections(router: Router, pool: UpstreamPool, model: str, state: ModelState) -> None:
+def _close_upstream_connections(
+    router: Router, pool: UpstreamPool, model: str, state: ModelState
+) -> None:
     """A state listener: a model that stopped took its server with it, so the pool's idle
     connections to its address are closed. (With ``idleConn = 0`` nothing else would close
     them once that address is never used again: the model removed, or moved to another
@@ -212,7 +215,7 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
-        router.add_listener(partial(_close_connections, router, pool))
+        router.add_listener(partial(_close_upstream_connections, router, pool))
         hub = EventHub()
         logs = Logs.of(own_log, router)
         app = create_app(
@@ -227,13 +230,14 @@ async def serve(
         await nursery.start(hub.run)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
+        server_config = _hypercorn_config(listen, config)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             try:
                 binds = await nursery.start(
                     partial(
                         hypercorn.trio.serve,
                         app,
-                        _hypercorn_config(listen, config),
+                        server_config,
                         shutdown_trigger=stop_accepting.wait,
                     )
                 )
@@ -255,6 +259,7 @@ async def serve(
                 stop_accepting.set()
                 await router.shutdown(grace=router.config.unload_timeout)
                 await _end_live_streams(hub, logs)
+                abandon_writes(server_config)  # to clients that do not read
                 nursery.cancel_scope.cancel(reason="shut down")
 
             # Signals stay handled until the end: one arriving during the shutdown must

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
+import sys
 
 import h11
 import pytest
@@ -21,6 +23,9 @@ import trio
 from tests.e2e.conftest import BOUND, StartProxy
 from tests.e2e.harness import ProxyProcess
 from tests.e2e.test_proxy import chat, config
+from tests.e2e.test_upstream_pool import Peer, start_server
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
 async def connect(proxy: ProxyProcess) -> trio.SocketStream:
@@ -152,6 +157,56 @@ async def test_a_body_still_arriving_at_shutdown_is_answered_503(
     assert response.status_code == 503
     assert json.loads(body)["error"]["code"] == "shutting_down"
     assert "Traceback" not in proxy.output.text()
+
+
+async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    """A 32 MB answer to a client that never reads: SIGTERM ends llamaswap while that
+    client is still connected. hypercorn shields every write from cancellation, and the
+    stuck write held the process (and its guard) until the client left."""
+
+    asked = trio.Event()
+
+    async def big_answer(peer: Peer, index: int) -> None:
+        while await peer.request() is not None:
+            asked.set()
+            size = 32 << 20
+            await peer.send(
+                h11.Response(status_code=200, headers=[(b"content-length", b"%d" % size)])
+            )
+            for _ in range(size >> 20):
+                await peer.send(h11.Data(data=b"x" * (1 << 20)))
+            await peer.send(h11.EndOfMessage())
+
+    upstream = await start_server(nursery, big_answer)
+    proxy = await proxy_factory(
+        config(
+            f"[models.m]\ncmd = {json.dumps(SLEEPER)}\nproxy = {json.dumps(upstream.url)}\n"
+            'checkEndpoint = "none"',
+            unloadTimeout=1,
+        )
+    )
+    body = json.dumps(chat("m")).encode()
+    client = trio.socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+    async def hang_guard() -> None:
+        # Cancelling cannot end a shielded write; the client leaving does.
+        await trio.sleep(30)
+        client.close()
+
+    with client:
+        host, _, port = proxy.url.removeprefix("http://").partition(":")
+        await client.connect((host, int(port)))
+        await client.send(head("/v1/chat/completions", len(body)) + body)
+        async with trio.open_nursery() as guarded:
+            guarded.start_soon(hang_guard)
+            await asked.wait()
+            proxy.process.send_signal(signal.SIGTERM)
+            assert await proxy.process.wait() == 0
+            guarded.cancel_scope.cancel()
+        assert client.fileno() != -1, "llamaswap ended only when its client left"
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import trio.testing
 import trustme
 from trio.testing import MockClock
 
-from llamaswap._serve import _close_connections
+from llamaswap._serve import _close_upstream_connections
 from llamaswap.config.model import Config, ModelConfig, Timeouts
 from llamaswap.proxy.upstream import UpstreamFailed, UpstreamPool, _Connection
 from llamaswap.router import Router
@@ -515,7 +515,7 @@ async def test_a_model_that_stops_leaves_no_idle_connection_to_its_address(
     spawner = FakeSpawner(nursery)
     router = Router(Config(models={"m": model}), spawner=spawner, probe=FakeProbe(spawner))
     async with UpstreamPool() as pool:
-        router.add_listener(partial(_close_connections, router, pool))
+        router.add_listener(partial(_close_upstream_connections, router, pool))
         await nursery.start(router.run)
         with trio.fail_after(10):
             async with (

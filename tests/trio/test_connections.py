@@ -20,6 +20,7 @@ after a read that took all there was, the next one waits before it tries.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from functools import partial
 from typing import Any, cast
@@ -33,7 +34,7 @@ from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.trio.worker_context import EventWrapper
 from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
-from llamaswap._connections import IdleTimer, TaskGroup
+from llamaswap._connections import IdleTimer, TaskGroup, abandon_writes
 from llamaswap.proxy import upstream
 from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
 from llamaswap.proxy.upstream import _READ, _Connection, receive_now, send_now
@@ -279,6 +280,52 @@ async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_lat
                         received.extend(await client.recv(1 << 20))
                     assert received == body
             nursery.cancel_scope.cancel()
+
+
+async def test_the_last_cancel_ends_a_write_to_a_client_that_does_not_read() -> None:
+    """hypercorn shields a write from cancellation (so that none is cut in half): with a
+    client that never reads, cancelling the server waited for that client for good.
+    ``abandon_writes`` before the last cancel lets that cancel end the write."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            return
+        body = b"x" * (32 << 20)  # more than any socket buffers hold
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    config = hypercorn.config.Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+    client = trio.socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+    async def hang_guard() -> None:
+        # Cancelling cannot end a shielded write; the client leaving does.
+        await trio.sleep(10)
+        client.close()
+
+    with client:
+        async with trio.open_nursery() as guarded:
+            guarded.start_soon(hang_guard)
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(partial(hypercorn.trio.serve, app, config))
+                await client.connect(("127.0.0.1", int(binds[0].rsplit(":", 1)[1])))
+                await client.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                await trio.testing.wait_all_tasks_blocked()  # the write waits for the client
+                abandon_writes(config)
+                nursery.cancel_scope.cancel()
+            guarded.cancel_scope.cancel()
+        assert client.fileno() != -1, "the server ended only when its client left"
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := await client.recv(1 << 20):
+                received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    assert len(received) < 32 << 20
 
 
 async def test_a_read_takes_what_has_arrived_and_says_when_nothing_has() -> None:
