@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -108,21 +109,42 @@ class SubprocessHandle:
         await _pump_lines(stream, sink)
 
 
+#: What ends a line of output: a line feed, or a carriage return alone (a progress bar
+#: redrawn in place: each state is a line, and none waits for the bar's end).
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 async def _pump_lines(stream: trio.abc.ReceiveStream, sink: Callable[[str], None]) -> None:
     pending = b""
     while chunk := await stream.receive_some():
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            sink(_decode(line))
+        data, start = pending + chunk, 0
+        for end in _LINE_END.finditer(data):
+            if end.group() == b"\r" and end.end() == len(data):
+                break  # perhaps the first half of a \r\n
+            line = data[start : end.start()]
+            if line or end.group() != b"\r":  # a redraw after a line break is no line
+                sink(_decode(line))
+            start = end.end()
+        pending = data[start:]
         while len(pending) > MAX_LINE_BYTES:
-            sink(_decode(pending[:MAX_LINE_BYTES]))
-            pending = pending[MAX_LINE_BYTES:]
-    if pending:
+            cut = _cut(pending, MAX_LINE_BYTES)
+            sink(_decode(pending[:cut]))
+            pending = pending[cut:]
+    if pending := pending.rstrip(b"\r"):
         sink(_decode(pending))
 
 
+def _cut(data: bytes, limit: int) -> int:
+    """Where to cut ``data``, at most ``limit`` bytes in, not inside a UTF-8 character
+    (a continuation byte is not a character's first)."""
+    cut = limit
+    while cut > limit - 3 and data[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return cut
+
+
 def _decode(line: bytes) -> str:
-    return line.rstrip(b"\r").decode("utf-8", errors="replace")
+    return line.decode("utf-8", errors="replace")
 
 
 @final
