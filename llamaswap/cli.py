@@ -64,10 +64,14 @@ def missing_programs(config: Config) -> list[str]:
         for key, command in (("cmd", model.cmd), ("cmdStop", model.cmd_stop)):
             if command is None or shutil.which(command[0], path=search) is not None:
                 continue
+            path = format_path(("models", model_id, key))
+            if os.sep in command[0] and os.path.isfile(command[0]):
+                found.append(f"{path}: program {command[0]!r} is not executable (chmod +x it)")
+                continue
             where = "" if os.sep in command[0] else " on PATH"
             found.append(
-                f"{format_path(('models', model_id, key))}: program {command[0]!r} not found"
-                f"{where} (it may exist where llamaswap will run)"
+                f"{path}: program {command[0]!r} not found{where} "
+                "(it may exist where llamaswap will run)"
             )
     return found
 

@@ -66,10 +66,13 @@ cmd = "${fake}"
 
 def test_check_config_warns_of_a_missing_program_and_still_passes(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
+    script = tmp_path / "server.sh"
+    script.write_text("#!/bin/sh\n")  # not made executable
     path.write_text(
         "[models.chat]\ncmd = 'no-such-llama-server --port ${PORT}'\n"
         "[models.here]\ncmd = ['python', '-m', 'llamaswap.fake_server', '--port', '${PORT}']\n"
         "[models.stop]\ncmd = 'python --port ${PORT}'\ncmdStop = '/no/such/stopper ${PID}'\n"
+        f"[models.script]\ncmd = '{script} --port ${{PORT}}'\n"
     )
     result = subprocess.run(
         [sys.executable, "-m", "llamaswap", "check-config", str(path)],
@@ -83,4 +86,5 @@ def test_check_config_warns_of_a_missing_program_and_still_passes(tmp_path: Path
         "(it may exist where llamaswap will run)",
         f"{path}: warning: models.stop.cmdStop: program '/no/such/stopper' not found "
         "(it may exist where llamaswap will run)",
+        f"{path}: warning: models.script.cmd: program '{script}' is not executable (chmod +x it)",
     ]
