@@ -460,19 +460,21 @@ class ModelSupervisor:
         logger.info("model %r: stopped, exit status %d", self.model_id, self._last_exit_code)
 
     async def _polite_stop(self, process: ProcessHandle) -> None:
-        """``cmdStop``, or SIGTERM to the group (also when ``cmdStop`` cannot be run)."""
+        """``cmdStop``, or SIGTERM to the group (also when ``cmdStop`` cannot be run, or
+        fails)."""
         if self.config.cmd_stop is not None:
             argv = [part.replace("${PID}", str(process.pid)) for part in self.config.cmd_stop]
             try:
-                await self._spawner.run(argv, self._env, self._sink("cmdStop: "))
-                return
+                code = await self._spawner.run(argv, self._env, self._sink("cmdStop: "))
             except (OSError, ValueError, LifelineError) as exc:
-                logger.warning(
-                    "model %r: cannot run cmdStop %r (%s); sending SIGTERM instead",
-                    self.model_id,
-                    argv[0],
-                    getattr(exc, "strerror", None) or exc,
+                failure = (
+                    f"cannot run cmdStop {argv[0]!r} ({getattr(exc, 'strerror', None) or exc})"
                 )
+            else:
+                if code == 0:
+                    return
+                failure = f"cmdStop {argv[0]!r} exited with status {code}"
+            logger.warning("model %r: %s; sending SIGTERM instead", self.model_id, failure)
         process.signal_group(signal.SIGTERM)
 
     # ------------------------------------------------------------------- TTL

@@ -145,18 +145,28 @@ async def test_sigterm_ignoring_server_is_sigkilled_after_unload_timeout(
     assert any("received SIGTERM" in line.text for line in supervisor.log.lines())
 
 
-async def test_a_cmd_stop_that_cannot_run_falls_back_to_sigterm(
+@pytest.mark.parametrize(
+    ("stop", "said"),
+    [
+        (("/no/such/stopper", "${PID}"), "cannot run cmdStop '/no/such/stopper' (No such file"),
+        (("false",), "cmdStop 'false' exited with status 1; sending SIGTERM instead"),
+    ],
+    ids=["cannot-run", "fails"],
+)
+async def test_a_cmd_stop_that_cannot_run_or_fails_falls_back_to_sigterm(
     nursery: trio.Nursery,
     lifeline: Lifeline,
     pool: UpstreamPool,
     marker: str,
     caplog: pytest.LogCaptureFixture,
+    stop: tuple[str, ...],
+    said: str,
 ) -> None:
     """check-config only warns of a cmdStop it cannot find (it may exist where llamaswap
-    runs); at stop time, not finding it must not end llamaswap."""
-    supervisor = await supervise(
-        nursery, lifeline, pool, marker, cmd_stop=("/no/such/stopper", "${PID}")
-    )
+    runs); at stop time, not finding it must not end llamaswap. One that fails is said
+    so in the log (nothing said it), and SIGTERM follows (the server that would have
+    stopped on it was SIGKILLed after unloadTimeout)."""
+    supervisor = await supervise(nursery, lifeline, pool, marker, cmd_stop=stop, unload_timeout=30)
     with trio.fail_after(20):
         await supervisor.ensure_ready()
         pid = supervisor.statistics().pid
@@ -164,7 +174,7 @@ async def test_a_cmd_stop_that_cannot_run_falls_back_to_sigterm(
     assert supervisor.statistics().last_exit_code == 0  # the fake server's on SIGTERM
     assert pid is not None
     assert not alive(pid)
-    assert "cannot run cmdStop '/no/such/stopper' (No such file or directory)" in caplog.text
+    assert said in caplog.text
 
 
 async def test_a_cmd_stop_ends_when_it_exits_and_what_it_left_dies(
