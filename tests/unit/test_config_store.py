@@ -147,3 +147,14 @@ def test_a_reload_that_changes_the_store_applies_at_the_next_start() -> None:
     changes = diff_config(before, after)
     assert (changes.at_start, changes.settings) == (("store",), ())
     assert diff_config(before, load("")).at_start == ("store",)
+
+
+def test_a_reload_that_changes_the_console_log_applies_at_the_next_start() -> None:
+    # Listed with the settings applied at once, and not applied (the console log is set
+    # up when llamaswap starts).
+    after = load(
+        'logLevel = "debug"\nlogToStdout = "both"\nlogTimeFormat = "rfc3339"\nglobalTTL = 5\n'
+    )
+    changes = diff_config(load(""), after)
+    assert changes.at_start == ("logLevel", "logToStdout", "logTimeFormat")
+    assert changes.settings == ("globalTTL",)
