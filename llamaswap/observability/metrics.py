@@ -156,7 +156,20 @@ class Metrics:
             self.last_reload.set_to_current_time()
 
     def exposition(self) -> bytes:
+        for model in list(self._supervisors):  # a model's series from the first scrape on
+            self._declare(model)
         return generate_latest(self.registry)
+
+    def _declare(self, model: str) -> None:
+        """Every series of ``model`` whose labels are known before anything happens (not
+        ``requests``, whose status is the answer's), so that rates and alerts never meet
+        a missing series."""
+        self.series(self.request_duration, model)
+        self.series(self.load_duration, model)
+        for result in ("ready", "failed", "cancelled"):
+            self.series(self.loads, model, result)
+        for kind in ("prompt", "completion"):
+            self.series(self.tokens, model, kind)
 
 
 @final

@@ -47,6 +47,13 @@ async def test_metrics_has_every_band_from_the_start(nursery: trio.Nursery) -> N
     assert "llamaswap_scheduler_affinity_changed_pick_total 0.0" in text
     assert 'llamaswap_model_state{model="m",state="stopped"} 1.0' in text
     assert 'llamaswap_in_flight_requests{model="m"} 0.0' in text
+    # A model's series whose labels are known are there before anything happened to it.
+    for result in ("ready", "failed", "cancelled"):
+        assert f'llamaswap_model_loads_total{{model="m",result="{result}"}} 0.0' in text
+    for kind in ("prompt", "completion"):
+        assert f'llamaswap_tokens_total{{kind="{kind}",model="m"}} 0.0' in text
+    assert 'llamaswap_request_duration_seconds_count{model="m"} 0.0' in text
+    assert 'llamaswap_model_load_duration_seconds_count{model="m"} 0.0' in text
 
 
 def scheduler_counters(metrics: Metrics) -> dict[str, float]:
