@@ -264,10 +264,21 @@ async def serve(
 
             # Signals stay handled until the end: one arriving during the shutdown must
             # not end the process at once (SIGHUP's default) while models are stopping.
-            stopping = False
+            stopping = hurried = False
             async for signum in signals:
                 name = signal.Signals(signum).name
-                if stopping:
+                if stopping and signum == signal.SIGINT and not hurried:
+                    # Ctrl-C during the shutdown: what its graces still wait for is given
+                    # up. (A service manager's SIGTERM repeated, or SIGHUP, changes nothing.)
+                    logger.warning(
+                        "received SIGINT during the shutdown: stopping at once "
+                        "(models killed, requests cut off)"
+                    )
+                    hurried = True
+                    router.hurry()
+                    abandon_writes(server_config)
+                    nursery.cancel_scope.cancel(reason="stopped at once")
+                elif stopping:
                     logger.info("received %s: already shutting down", name)
                 elif signum == signal.SIGHUP:
                     if app.reloader is None:

@@ -78,6 +78,7 @@ class _Run:
     exited: trio.Event = attrs.field(factory=trio.Event)  # by itself, once ready
     pid: int | None = None
     stop_reason: str | None = None
+    polite: trio.CancelScope | None = None  # the polite stop in progress: hurry() ends it
     log_start: int = 0  # the model log's position when this run began
     draining: bool = False  # stopping once the requests in flight are done
     restart: bool = False  # stopped for a new definition: ensure_ready starts it again
@@ -135,6 +136,7 @@ class ModelSupervisor:
         self._wanted = in_flight if wanted is None else wanted
         self._idle_deadline = math.inf
         self._idle_scope = trio.CancelScope()
+        self._hurried = False
         self._starts = 0
         self._start_failures = 0
         self._crashes = 0
@@ -246,6 +248,14 @@ class ModelSupervisor:
         self._health_check_timeout = health_check_timeout
         if self._state is ModelState.READY:
             self.requests_changed()
+
+    def hurry(self) -> None:
+        """Stop without waiting for the server (a second Ctrl-C): the polite stop in
+        progress, and any later one, gives way to SIGKILL at once, not after
+        ``unloadTimeout``."""
+        self._hurried = True
+        if self._run is not None and self._run.polite is not None:
+            self._run.polite.cancel()
 
     def retire(self, reason: str, *, restart: bool) -> None:
         """Stop the running server once its requests in flight are done (at once if
@@ -445,16 +455,20 @@ class ModelSupervisor:
             if self._state is not ModelState.STOPPING:
                 run.stop_reason = run.stop_reason or "failed to start"
                 self._set_state(ModelState.STOPPING)
-            with trio.move_on_after(self.config.unload_timeout):
+            patience = 0.0 if self._hurried else self.config.unload_timeout
+            with trio.move_on_after(patience) as run.polite:
                 await self._polite_stop(process)
                 await process.wait()
             if process.returncode is None:
-                logger.warning(
-                    "model %r: still running %gs after the stop request (unloadTimeout); "
-                    "sending SIGKILL",
-                    self.model_id,
-                    self.config.unload_timeout,
-                )
+                if self._hurried:
+                    logger.warning("model %r: stopping at once; sending SIGKILL", self.model_id)
+                else:
+                    logger.warning(
+                        "model %r: still running %gs after the stop request (unloadTimeout); "
+                        "sending SIGKILL",
+                        self.model_id,
+                        self.config.unload_timeout,
+                    )
                 process.signal_group(signal.SIGKILL)
         self._last_exit_code = await process.wait()
         logger.info("model %r: stopped, exit status %d", self.model_id, self._last_exit_code)

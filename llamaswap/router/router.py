@@ -447,6 +447,11 @@ class Router:
                 self._retired[lease.ticket] = old
         self._run_event("reload", new, partial(new.adopt, waiting), waiting)
 
+    def hurry(self) -> None:
+        """Every model's stop, in progress or to come, kills its server at once."""
+        for supervisor in self.supervisors.values():
+            supervisor.hurry()
+
     async def shutdown(self, grace: float) -> None:
         """Fail waiting requests (503), let served ones finish for ``grace`` s, stop all.
 

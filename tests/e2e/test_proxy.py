@@ -447,6 +447,28 @@ async def test_signals_during_the_shutdown_do_not_cut_it_short(proxy_factory: St
     assert survivors(proxy.marker) == []
 
 
+async def test_ctrl_c_during_the_shutdown_stops_at_once(proxy_factory: StartProxy) -> None:
+    """A model that ignores SIGTERM, with an unloadTimeout of ten minutes: a second
+    Ctrl-C does not wait for it (it waited the ten minutes), but kills it, and exits 0."""
+    proxy = await proxy_factory(
+        config('[models.stubborn]\ncmd = "${fake} --ignore-sigterm"\nunloadTimeout = 600\n')
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/api/models/load/stubborn")).status_code == 200
+            pid = (await running(client))["stubborn"]["pid"]
+    with trio.fail_after(30):
+        proxy.process.send_signal(signal.SIGINT)
+        await proxy.output.wait_for("received SIGTERM, ignoring it")  # the model's own line
+        proxy.process.send_signal(signal.SIGINT)
+        assert await proxy.process.wait() == 0
+    assert "received SIGINT during the shutdown: stopping at once" in proxy.output.text()
+    assert "model 'stubborn': stopping at once; sending SIGKILL" in proxy.output.text()
+    assert isinstance(pid, int)
+    assert not alive(pid)
+    assert survivors(proxy.marker) == []
+
+
 @pytest.mark.slow
 async def test_models_outlive_idle_time_but_die_with_a_killed_llamaswap(
     proxy_factory: StartProxy,
