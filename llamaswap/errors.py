@@ -289,10 +289,11 @@ class UpstreamError(RequestError):
 
 
 class ModelUnloaded(RequestError):
-    def __init__(self, model: str, reason: str = "unloaded") -> None:
+    def __init__(self, model: str, reason: str = "unloaded", *, served: bool = False) -> None:
         self.model = model
         self.reason = reason
-        super().__init__(f"model {model!r} was unloaded while the request waited ({reason})")
+        when = "was being served" if served else "waited"
+        super().__init__(f"model {model!r} was unloaded while the request {when} ({reason})")
 
 
 class ShuttingDown(RequestError):

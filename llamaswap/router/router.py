@@ -369,8 +369,8 @@ class Router:
 
     async def unload(self, models: Collection[str] | None = None) -> list[str]:
         """Stop ``models`` (by default every model running or loading); requests waiting
-        for them fail with 503, and those waiting for other models stay queued (SPEC §7.7).
-        Returns the models stopped.
+        for them fail with 503, and those waiting for other models stay queued (SPEC §7.7);
+        those they serve are cancelled with the same error. Returns the models stopped.
 
         *Cancellation*: the stops go on without the cancelled caller.
         """
@@ -380,6 +380,11 @@ class Router:
         targets = list(models)
         for scheduler in self._schedulers():
             self._decide("unload", scheduler, scheduler.on_unload, targets)
+        # The requests they serve end now, saying why (not as a model server broken off).
+        for lease in self._leases:
+            model = lease.ticket.model
+            if lease.state is LeaseState.GRANTED and model in targets:
+                lease.cancel(ModelUnloaded(model, "unload requested", served=True))
         # A model forgotten since it was named is stopped already.
         supervisors = [self.supervisors[m] for m in targets if m in self.supervisors]
         # Now, not when the stop tasks first run: a request arriving in between would be

@@ -48,6 +48,35 @@ async def test_client_disconnect_mid_stream_reaches_the_model_server(
             assert set(await running(client)) == {"other"}
 
 
+async def test_a_stream_whose_model_is_unloaded_ends_saying_so(
+    proxy_factory: StartProxy,
+) -> None:
+    """Its last event is the 503 ``model_unloaded`` error, and its record says so too
+    (it was the model server's connection breaking off, as in a crash)."""
+    proxy = await proxy_factory(config('[models.slow]\ncmd = "${fake} --tokens-per-second 20"'))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            body = chat("slow", stream=True, max_tokens=1000)  # 50 s if nobody stops it
+            stream = await open_raw_request(
+                proxy.url, "/v1/chat/completions", json.dumps(body).encode()
+            )
+            received = b""
+            while received.count(b"data: {") < 3:
+                received += await stream.receive_some()
+            assert (await client.post("/api/models/unload/slow")).status_code == 200
+            while not received.endswith(b"\r\n0\r\n\r\n"):  # the stream's last chunk
+                received += await stream.receive_some()
+            await stream.aclose()
+            record = await activity_of(client, "slow")
+    *_, last = [line for line in received.split(b"\n") if line.startswith(b"data: {")]
+    error = json.loads(last.removeprefix(b"data: "))["error"]
+    assert error["code"] == "model_unloaded"
+    assert error["message"] == (
+        "model 'slow' was unloaded while the request was being served (unload requested)"
+    )
+    assert record["error"] == error["message"]
+
+
 async def test_peers_are_reached_by_prefix_and_bare_name(proxy_factory: StartProxy) -> None:
     back = await proxy_factory(config('[models.coder]\ncmd = "${fake}"', apiKeys=["back-key"]))
     front = await proxy_factory(

@@ -204,6 +204,38 @@ async def test_unload_fails_waiters_with_unloaded(
     assert "unloaded" in str(errors[0])
 
 
+async def test_unload_ends_the_requests_it_serves_saying_so(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """A request being served when its model is unloaded ends with ``ModelUnloaded``
+    (its client got the model server's connection breaking off, as for a crash)."""
+    spawner.script = Script(healthy_after=0.0)
+    router = await start_router(nursery, spawner, recorder, a=model(1))
+    served = trio.Event()
+    ended: list[RequestError] = []
+
+    async def serve() -> None:
+        try:
+            async with lease(router, "a"):
+                served.set()
+                await trio.sleep_forever()  # a long generation
+        except RequestError as exc:
+            ended.append(exc)
+
+    nursery.start_soon(serve)
+    await served.wait()
+    await router.unload(["a"])
+    await trio.testing.wait_all_tasks_blocked()
+    assert router.model_state("a") is S.STOPPED
+    assert [str(error) for error in ended] == [
+        "model 'a' was unloaded while the request was being served (unload requested)"
+    ]
+    assert isinstance(ended[0], ModelUnloaded)
+
+
 async def test_unload_all_leaves_requests_for_stopped_models_queued(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,
@@ -216,11 +248,18 @@ async def test_unload_all_leaves_requests_for_stopped_models_queued(
     router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
     served: list[str] = []
 
+    async def holds_a() -> None:
+        with pytest.raises(ModelUnloaded):  # it is served: the unload ends it
+            async with lease(router, "a"):
+                await trio.sleep_forever()
+
     async def wants_b() -> None:
         async with lease(router, "b"):
             served.append("b")
 
-    async with trio.open_nursery() as work, lease(router, "a"):
+    async with trio.open_nursery() as work:
+        work.start_soon(holds_a)
+        await trio.testing.wait_all_tasks_blocked()
         work.start_soon(wants_b)
         await trio.testing.wait_all_tasks_blocked()
         assert [t.model for t in router.scheduler.queued()] == ["b"]
