@@ -335,10 +335,15 @@ async def test_concurrency_limit_answers_429_before_any_byte(proxy_factory: Star
                 await first.aread()
 
 
-# The SDK stops reading at [DONE] without exhausting its own async generators (and those
-# of the HTTP client it bundles); Trio's finalizer reports that as a ResourceWarning
-# about the SDK's internals, not ours.
-@pytest.mark.filterwarnings("ignore:Async generator '(openai|httpx2|httpcore2)\\.:ResourceWarning")
+#: The SDK stops reading at [DONE], or at an error, without exhausting its own async
+#: generators (and those of the HTTP client it bundles); Trio's finalizer reports that as a
+#: ResourceWarning about the SDK's internals, not ours.
+sdk_generators_left_open = pytest.mark.filterwarnings(
+    "ignore:Async generator '(openai|httpx2|httpcore2)\\.:ResourceWarning"
+)
+
+
+@sdk_generators_left_open
 async def test_openai_sdk_streaming_and_not(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(TWO_MODELS)
     sdk = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
