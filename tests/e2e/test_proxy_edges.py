@@ -16,10 +16,22 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import open_raw_request, running
+from tests.e2e.harness import ProxyProcess, open_raw_request, running
 from tests.e2e.test_operations import activity_of, wait_for_request
 from tests.e2e.test_proxy import chat, config, sdk_generators_left_open
 from tests.e2e.test_upstream_pool import Peer, serve_forever, start_server
+
+
+async def slow_stream(proxy: ProxyProcess) -> tuple[trio.SocketStream, bytes]:
+    """A raw stream from model ``slow`` (50 s long if nobody stops it), once three of its
+    events have arrived, and what arrived."""
+    body = chat("slow", stream=True, max_tokens=1000)
+    stream = await open_raw_request(proxy.url, "/v1/chat/completions", json.dumps(body).encode())
+    received = b""
+    while received.count(b"data: {") < 3:
+        received += await stream.receive_some()
+    assert received.startswith(b"HTTP/1.1 200")
+    return stream, received
 
 
 async def test_client_disconnect_mid_stream_reaches_the_model_server(
@@ -33,14 +45,7 @@ async def test_client_disconnect_mid_stream_reaches_the_model_server(
     )
     async with proxy.client() as client:
         with trio.fail_after(30):
-            body = chat("slow", stream=True, max_tokens=1000)  # 50 s if nobody stops it
-            stream = await open_raw_request(
-                proxy.url, "/v1/chat/completions", json.dumps(body).encode()
-            )
-            received = b""
-            while received.count(b"data: {") < 3:
-                received += await stream.receive_some()
-            assert received.startswith(b"HTTP/1.1 200")
+            stream, _ = await slow_stream(proxy)
             await stream.aclose()
             await proxy.output.wait_for(r"\[slow\] fake_server: client disconnected after \d+")
             # The slot freed: a request that must evict 'slow' goes through at once.
@@ -57,13 +62,7 @@ async def test_a_stream_whose_model_is_unloaded_ends_saying_so(
     proxy = await proxy_factory(config('[models.slow]\ncmd = "${fake} --tokens-per-second 20"'))
     async with proxy.client() as client:
         with trio.fail_after(30):
-            body = chat("slow", stream=True, max_tokens=1000)  # 50 s if nobody stops it
-            stream = await open_raw_request(
-                proxy.url, "/v1/chat/completions", json.dumps(body).encode()
-            )
-            received = b""
-            while received.count(b"data: {") < 3:
-                received += await stream.receive_some()
+            stream, received = await slow_stream(proxy)
             assert (await client.post("/api/models/unload/slow")).status_code == 200
             while not received.endswith(b"\r\n0\r\n\r\n"):  # the stream's last chunk
                 received += await stream.receive_some()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, cast
 
@@ -241,10 +242,8 @@ async def test_a_closed_socket_takes_nothing_and_a_gone_peer_raises() -> None:
             send_now(c, b"x")
 
 
-async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_late() -> None:
-    """llamaswap's handler writes what the kernel takes, then waits for the client to read
-    the rest: the answer arrives whole and in order, and the connection serves the next."""
-    body = bytes(range(256)) * (16 * 4096)  # 16 MiB
+def answering(body: bytes) -> Callable[[Any, Any, Any], Awaitable[None]]:
+    """An ASGI app that answers every request with ``body``."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -256,9 +255,21 @@ async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_lat
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    return app
+
+
+def local_config() -> hypercorn.config.Config:
     config = hypercorn.config.Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = config.errorlog = None
+    return config
+
+
+async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_late() -> None:
+    """llamaswap's handler writes what the kernel takes, then waits for the client to read
+    the rest: the answer arrives whole and in order, and the connection serves the next."""
+    body = bytes(range(256)) * (16 * 4096)  # 16 MiB
+    app, config = answering(body), local_config()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(hypercorn.trio.serve, app, config))
@@ -286,20 +297,8 @@ async def test_the_last_cancel_ends_a_write_to_a_client_that_does_not_read() -> 
     """hypercorn shields a write from cancellation (so that none is cut in half): with a
     client that never reads, cancelling the server waited for that client for good.
     ``abandon_writes`` before the last cancel lets that cancel end the write."""
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            return
-        body = b"x" * (32 << 20)  # more than any socket buffers hold
-        headers = [(b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    config = hypercorn.config.Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = config.errorlog = None
+    app = answering(b"x" * (32 << 20))  # more than any socket buffers hold
+    config = local_config()
     client = trio.socket.socket()
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
