@@ -329,7 +329,7 @@ class Router:
             model = lease.ticket.model
             self._leases.release(lease)
             self._tell("done", lease)
-            self.supervisors[model].requests_changed()  # in flight until now: still known
+            self._requests_changed(model)
             owner = self._take_owner(lease.ticket)
             self._decide("a finished request", owner, owner.on_finish, lease.ticket)
             if owner is not self.scheduler:  # a model drained: the new one may go on
@@ -567,7 +567,7 @@ class Router:
             if isinstance(decision, Grant):
                 ticket = decision.ticket
                 if self._leases.grant(ticket):
-                    self.supervisors[ticket.model].requests_changed()
+                    self._requests_changed(ticket.model)
                 else:
                     logger.error("request #%d was granted after it left; releasing", ticket.seq)
                     self._orphans.append(ticket)
@@ -638,7 +638,8 @@ class Router:
             self._forget_if_unneeded(model)
 
     def _requests_changed(self, model: str) -> None:
-        """A request for ``model`` came, or left unserved: its TTL waits, or may run."""
+        """The requests for ``model`` changed (one came, was granted, or left): its TTL
+        waits, or may run; a model retiring stops once drained."""
         supervisor = self.supervisors.get(model)  # none if a reload removed it
         if supervisor is not None:
             supervisor.requests_changed()

@@ -72,8 +72,7 @@ class FifoScheduler:
             except RequestError as exc:  # over a lowered concurrencyLimit, say
                 self._ledger.fail(ticket, exc)
                 continue
-            self._prioritise(ticket)
-            self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
+            self._enqueue(ticket)
         self._drain()
         return self._ledger.take()
 
@@ -110,8 +109,7 @@ class FifoScheduler:
         queued = self._queue.ordered()
         self._queue = PriorityWaitQueue()
         for ticket in queued:
-            self._prioritise(ticket)
-            self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
+            self._enqueue(ticket)
         self._drain()
         return self._ledger.take()
 
@@ -151,6 +149,11 @@ class FifoScheduler:
         model_priority = self._priorities.get(ticket.model, 0)
         ticket.effective_priority = model_priority + ticket.priority
         ticket.metadata["fifo_priority"] = model_priority
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` by its effective priority (the model's, from now on)."""
+        self._prioritise(ticket)
+        self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
 
     def _dispatch(self, ticket: Ticket) -> bool:
         """Serve, join or start a load for ``ticket``; False if it must wait."""
