@@ -26,7 +26,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 
 from .model import FilterConfig, LogLevel, LogToStdout, ModelConfig, toml_key
-from .paths import Path, Problem, known_list, suggestion
+from .paths import Path, Problem, did_you_mean, known_list, suggestion
 from .values import (
     Bounds,
     InvalidValue,
@@ -250,8 +250,10 @@ def walk_error(exc: BaseException, path: Path = ()) -> list[Problem]:
 def _unknown_keys(exc: ForbiddenExtraKeysError, path: Path, known: list[str]) -> list[Problem]:
     found = []
     for name in sorted(exc.extra_fields):
-        hint = suggestion(name, known)
-        if not hint.startswith("did you mean"):
-            hint = f"this table's keys are {known_list(known)}"
+        # The likely key first, then all of them: a near miss may still be the wrong guess.
+        hint = f"this table's keys are {known_list(known)}"
+        close = did_you_mean(name, known)
+        if close is not None:
+            hint = f"did you mean {close!r}? {hint}"
         found.append(Problem((*path, name), f"unknown key {name!r}; {hint}", "unknown"))
     return found

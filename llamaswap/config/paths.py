@@ -93,6 +93,12 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     matches = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.7)
     if matches:
         return by_lower[matches[0]]
+    # difflib's ratio is too strict for short words: "tll" is 0.67 from "ttl". One slip of
+    # the finger (a letter wrong, missing, extra or two swapped) is a likely typo at any length.
+    if len(word) >= 3:
+        for lower, choice in by_lower.items():
+            if _one_edit_apart(word.lower(), lower):
+                return choice
     # A truncated or extended word ("warning" for "warn") is a likely typo too.
     for lower, choice in by_lower.items():
         if min(len(lower), len(word)) >= 3 and (
@@ -100,6 +106,24 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
         ):
             return choice
     return None
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """Whether ``a`` becomes ``b`` by one substitution, insertion, deletion or swap of two
+    neighbouring letters (a Damerau-Levenshtein distance of 1)."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    start = 0
+    while start < len(a) and a[start] == b[start]:
+        start += 1
+    if len(a) < len(b):
+        return a[start:] == b[start + 1 :]
+    swapped = a[start + 1 : start + 2] + a[start : start + 1]
+    return a[start + 1 :] == b[start + 1 :] or (
+        swapped == b[start : start + 2] and a[start + 2 :] == b[start + 2 :]
+    )
 
 
 def known_list(choices: Iterable[str]) -> str:

@@ -19,6 +19,7 @@ from llamaswap.config import (
     load_config,
     loads_config,
 )
+from llamaswap.config.paths import did_you_mean
 from llamaswap.errors import ConfigError
 
 
@@ -240,8 +241,11 @@ def test_several_problems_are_reported_at_once() -> None:
         use = "seriel"
         """
     )
+    assert found.pop("healthCheckTimout").startswith(
+        "unknown key 'healthCheckTimout'; did you mean 'healthCheckTimeout'? "
+        "this table's keys are "
+    )
     assert found == {
-        "healthCheckTimout": "unknown key 'healthCheckTimout'; did you mean 'healthCheckTimeout'?",
         "models.chat.ttl": (
             "expected a number of seconds or a duration like \"90s\", got '5 minutes'"
         ),
@@ -297,11 +301,42 @@ def test_unknown_key_without_a_close_match_lists_the_known_keys() -> None:
     assert "'useModelName'" in message
 
 
+def test_unknown_key_with_a_close_match_suggests_it_before_the_known_keys() -> None:
+    # "tll" is one letter from "ttl" but only 0.67 alike for difflib: it got the list alone.
+    found = problems_of(MINIMAL + "tll = 5\n")
+    assert found == {
+        "models.m.tll": (
+            "unknown key 'tll'; did you mean 'ttl'? this table's keys are 'aliases', "
+            "'anthropic', 'checkEndpoint', 'cmd', 'cmdStop', 'concurrencyLimit', "
+            "'description', 'env', 'filters', 'metadata', 'name', 'proxy', "
+            "'sendLoadingState', 'slots', 'timeouts', 'ttl', 'unlisted', 'unloadTimeout', "
+            "'useModelName'"
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    ("word", "close"),
+    [
+        ("tll", "ttl"),  # a letter wrong
+        ("ttll", "ttl"),  # a letter extra
+        ("smt", None),  # nothing close: no guess
+        ("clmd", "cmd"),
+        ("nmae", "name"),  # two letters swapped
+        ("evn", "env"),
+    ],
+)
+def test_one_slip_of_the_finger_is_a_close_match(word: str, close: str | None) -> None:
+    keys = ["cmd", "env", "name", "slots", "ttl"]
+    assert did_you_mean(word, keys) == close
+
+
 def test_unknown_key_is_reported_at_its_own_path() -> None:
     found = problems_of("[routing.scheduler.settings.serial]\nagingDivizor = 3\n")
     assert found == {
         "routing.scheduler.settings.serial.agingDivizor": (
-            "unknown key 'agingDivizor'; did you mean 'agingDivisor'?"
+            "unknown key 'agingDivizor'; did you mean 'agingDivisor'? this table's keys are "
+            "'agingDivisor', 'maxQueued', 'slots', 'swapAffinityBonus'"
         )
     }
 

@@ -105,7 +105,12 @@ def test_load_config_reads_a_relative_path_from_the_files_directory(
             "store.maxAge",
             "expected a number of seconds or a duration like \"90s\", got 'a month'",
         ),
-        ("maxage = 60", "store.maxage", "unknown key 'maxage'; did you mean 'maxAge'?"),
+        (
+            "maxage = 60",
+            "store.maxage",
+            "unknown key 'maxage'; did you mean 'maxAge'? "
+            "this table's keys are 'maxAge', 'maxRows', 'path'",
+        ),
         (
             "journal = 1",
             "store.journal",
@@ -128,11 +133,16 @@ def test_bad_store_values_are_reported_at_their_key(lines: str, path: str, messa
         ),
         ("[store]\npath = 3\n", {"store.path": "expected a string, got 3"}),
         ('store = "a.db"\n', {"store": "expected a table, got 'a.db'"}),
-        ('[stroe]\npath = "a.db"\n', {"stroe": "unknown key 'stroe'; did you mean 'store'?"}),
     ],
 )
 def test_a_store_needs_a_path(text: str, problem: dict[str, str]) -> None:
     assert problems_of(text) == problem
+
+
+def test_a_misspelt_store_table_is_named() -> None:
+    found = problems_of('[stroe]\npath = "a.db"\n')
+    assert list(found) == ["stroe"]
+    assert found["stroe"].startswith("unknown key 'stroe'; did you mean 'store'? ")
 
 
 def test_durations_in_days() -> None:
