@@ -34,9 +34,10 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from llamaswap._connections import abandon_writes  # (installs the connection handler)
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import ListenError, RequestError, only_cause
+from llamaswap.http import server as http_server
+from llamaswap.http.server import abandon_writes
 from llamaswap.observability import (
     ActivityLog,
     ActivityStore,
@@ -194,6 +195,7 @@ async def serve(
             not allowed).
     """
     listen_address(listen)  # before anything starts
+    http_server.install()
     activity = ActivityLog()
     store = writer = None
     if config.store is not None:

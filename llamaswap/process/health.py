@@ -10,13 +10,12 @@ the proxy for ``127.0.0.1`` and find no model ever ready).
 from __future__ import annotations
 
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Protocol, final
+from typing import Protocol, final
 from urllib.parse import urlsplit
 
 import trio
 
-if TYPE_CHECKING:
-    from llamaswap.proxy.upstream import UpstreamPool
+from llamaswap.http.client import UpstreamFailed, UpstreamPool
 
 __all__ = ["HttpProbe", "Probe"]
 
@@ -43,12 +42,8 @@ class HttpProbe:
     """
 
     def __init__(self, pool: UpstreamPool, *, timeout: float = 5.0) -> None:
-        # Imported here, not above: llamaswap.proxy imports the router, which imports us.
-        from llamaswap.proxy.upstream import UpstreamFailed
-
         self._pool = pool
         self._timeout = timeout
-        self._failed = UpstreamFailed
 
     async def __call__(self, url: str) -> bool:
         parts = urlsplit(url)
@@ -66,6 +61,6 @@ class HttpProbe:
                         if read > MAX_PROBE_BODY:
                             break
                     return response.status == 200
-            except self._failed:
+            except UpstreamFailed:
                 return False
         return False

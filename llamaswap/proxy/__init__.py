@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from llamaswap.http.client import UpstreamPool as UpstreamPool
+
 from .app import Application as Application
 from .app import create_app as create_app
-from .upstream import UpstreamPool as UpstreamPool
 
 __all__ = ["Application", "UpstreamPool", "create_app"]

@@ -36,6 +36,7 @@ __all__ = [
     "chat_request",
     "error_event",
     "estimate_tokens",
+    "local_answer",
     "message_response",
 ]
 
@@ -272,6 +273,15 @@ def _tool_choice(choice: object) -> dict[str, Any]:
     if choice.get("disable_parallel_tool_use") is True:
         out["parallel_tool_calls"] = False
     return out
+
+
+def local_answer(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """llamaswap's own answer to a request for ``path`` under ``anthropic = "translate"``,
+    if it answers that path itself: a token count is its estimate, since a
+    chat-completions server has no such route; None for a path the model server answers."""
+    if path == COUNT_TOKENS_PATH:
+        return {"input_tokens": estimate_tokens(body)}
+    return None
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:

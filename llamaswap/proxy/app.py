@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, cast, final
+from typing import Any, final
 
 import trio
 from hypercorn.typing import (
@@ -35,6 +35,10 @@ from llamaswap.errors import (
     RequestTimeout,
     Unauthorized,
 )
+from llamaswap.http.asgi import Inbox, send_error
+from llamaswap.http.auth import authorized
+from llamaswap.http.client import UpstreamPool
+from llamaswap.http.errors import error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
@@ -50,13 +54,10 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, live, ui
-from .auth import authorized
-from .errors import error_response
+from . import cors, live, routes, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .operations import client_address, model_status, register
-from .upstream import UpstreamPool
 
 __all__ = ["Application", "create_app"]
 
@@ -118,7 +119,11 @@ class Application:
                 return {"type": "http.disconnect"}
             if body_done:
                 return await receive()
-            message = _queued(receive)
+            # A piece of a body that has arrived needs no timer: a small body comes with
+            # its head, and arming one for each message, with receive()'s trip through
+            # Trio's scheduler, was 3 % of what a small request cost (docs/performance.md,
+            # fourth pass).
+            message = receive.nowait() if isinstance(receive, Inbox) else None
             if message is None:
                 with trio.move_on_after(REQUEST_BODY_TIMEOUT):
                     message = await receive()
@@ -134,45 +139,15 @@ class Application:
             answered = answered or message["type"] == "http.response.start"
             await send(message)
 
-        route = self.forwarder.route(scope)
+        route = routes.route(scope)
         if route is not None:
             await self.forwarder(route, scope, receive_body, send_answer)
         else:
             edge = _QuartEdge(scope, receive_body, send_answer)
             with edge.cancel_scope:
                 await self.quart(scope, edge.receive, edge.send)
-        if stalled and not answered:
-            status, headers, body = error_response(RequestTimeout(REQUEST_BODY_TIMEOUT))
-            raw = [(k.encode(), v.encode()) for k, v in headers]
-            raw.append((b"content-length", str(len(body)).encode()))
-            raw.append((b"connection", b"close"))  # the rest of the body may still come
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": raw,
-                    "trailers": False,
-                }
-            )
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _queued(receive: ASGIReceiveCallable) -> ASGIReceiveEvent | None:
-    """The next message, if it has arrived already, when ``receive`` is a Trio memory
-    channel's (hypercorn's is); None when ``receive()`` has to wait for it.
-
-    A piece of a body that has arrived needs no timer. A small body comes with its head,
-    as two messages (the body, then its end), and arming a timer for each (a cancel scope
-    with a deadline) and the trip through Trio's scheduler that ``receive()`` makes were
-    3 % of what a small request cost (docs/performance.md, fourth pass).
-    """
-    channel = getattr(receive, "__self__", None)
-    if not isinstance(channel, trio.MemoryReceiveChannel):
-        return None
-    try:
-        return cast(ASGIReceiveEvent, channel.receive_nowait())
-    except trio.WouldBlock:
-        return None
+        if stalled and not answered:  # the rest of the body may still come: close
+            await send_error(send, RequestTimeout(REQUEST_BODY_TIMEOUT), close=True)
 
 
 _END_OF_BODY: HTTPResponseBodyEvent = {

@@ -18,13 +18,12 @@ stops generating).
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import cast, final
+from typing import final
 from urllib.parse import quote, unquote_to_bytes
 
 import attrs
@@ -48,6 +47,17 @@ from llamaswap.errors import (
     Unauthorized,
     UpstreamError,
 )
+from llamaswap.http import asgi
+from llamaswap.http.asgi import RequestBody
+from llamaswap.http.auth import authorized
+from llamaswap.http.client import UpstreamFailed, UpstreamPool, UpstreamResponse
+from llamaswap.http.errors import error_response
+from llamaswap.http.headers import (
+    downstream_headers,
+    has_body,
+    header_map,
+    upstream_headers,
+)
 from llamaswap.observability import UsageTap
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
@@ -57,52 +67,28 @@ from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
 from . import anthropic
-from .auth import authorized
-from .errors import error_response
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
 from .operations import client_address
-from .upstream import UpstreamFailed, UpstreamPool, UpstreamResponse
+from .routes import METHODS, UPSTREAM_PREFIX, Route
 
-__all__ = ["Forwarder", "Route"]
+__all__ = ["SMALL_BODY", "Forwarder"]
 
 logger = logging.getLogger("llamaswap.proxy")
 
-_J, _M, _Q = ModelIn.JSON, ModelIn.MULTIPART, ModelIn.QUERY
-_INFERENCE: dict[tuple[str, str], ModelIn] = {
-    **{
-        ("POST", path): _J
-        for path in (
-            "/v1/chat/completions",
-            "/v1/completions",
-            "/v1/responses",
-            "/v1/embeddings",
-            "/v1/rerank",
-            "/v1/reranking",
-            "/rerank",
-            "/reranking",
-            "/infill",
-            "/completion",
-            "/v1/messages",
-            "/v1/messages/count_tokens",
-            "/v1/audio/speech",
-            "/v1/images/generations",
-        )
-    },
-    ("POST", "/v1/audio/transcriptions"): _M,
-    ("POST", "/v1/images/edits"): _M,
-    ("GET", "/v1/audio/voices"): _Q,
-    ("GET", "/props"): _Q,
-}
-
-#: The methods each inference path answers to, for a JSON 405 on the others. A GET path
-#: answers HEAD too, forwarded as it came.
-_METHODS = {path: "GET, HEAD" if method == "GET" else method for method, path in _INFERENCE}
-
-UPSTREAM_PREFIX = "/upstream/"
-#: On every response relayed from a model server (or peer), naming it.
-UPSTREAM_HEADER = b"x-llamaswap-upstream"
+#: The request fields the forwarder reads.
+_READ = frozenset(
+    {
+        b"authorization",
+        b"x-api-key",
+        b"content-encoding",
+        b"content-length",
+        b"content-type",
+        b"transfer-encoding",
+        PRIORITY_HEADER.encode(),
+    }
+)
 #: The routes ``anthropic = "translate"`` answers by way of chat completions.
 _MESSAGES = (anthropic.MESSAGES_PATH, anthropic.COUNT_TOKENS_PATH)
 #: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
@@ -114,184 +100,13 @@ _HEX = re.compile(rb"[0-9A-Fa-f]{2}")
 #: ``/upstream`` request bodies are read before the request is queued.
 SMALL_BODY = 256 * 1024
 
-# RFC 9110 §7.6.1 connection-specific fields, plus Host (the upstream pool sets its own)
-# and Expect (hypercorn has already answered ``100 Continue`` to the client).
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"expect",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-    }
-)
-
-
-@attrs.frozen
-class Route:
-    """How a proxied route names its model: in the body/query, or in the path."""
-
-    model_in: ModelIn | None  # None: /upstream/{model}/{path}
-    wrong_method: bool = False
-
-
-# Made once, looked up by every request (a frozen attrs value is slow to build: each field
-# goes through object.__setattr__).
-_ROUTES = {key: Route(model_in) for key, model_in in _INFERENCE.items()}
-_UPSTREAM_ROUTE = Route(None)
-_WRONG_METHOD = Route(None, wrong_method=True)
-
-
-#: The ASGI scope extension through which llamaswap's server (``llamaswap/_connections.py``)
-#: tells the application that its client has left, the moment it does: a ``ClientLeft``.
-CLIENT_LEFT_EXTENSION = "llamaswap.client_left"
-
-
-@final
-class ClientLeft:
-    """A request's ``CLIENT_LEFT_EXTENSION``. The server calls it as it hands the
-    application the request's ``http.disconnect`` (the client left, or the response is
-    over); the application names what to call then with ``on_leave``, which calls it at
-    once if that has happened already (before the application's task first ran)."""
-
-    __slots__ = ("_functions", "left")
-
-    def __init__(self) -> None:
-        self.left = False
-        self._functions: list[Callable[[], None]] = []
-
-    def on_leave(self, function: Callable[[], None]) -> None:
-        """Call ``function`` (which must not raise) when the client leaves."""
-        if self.left:
-            function()
-        else:
-            self._functions.append(function)
-
-    def __call__(self) -> None:
-        self.left = True
-        for function in self._functions:
-            function()
-
-
-def _client_left(scope: HTTPScope) -> ClientLeft | None:
-    """The server's ``CLIENT_LEFT_EXTENSION``, if it offers one."""
-    extension = (scope.get("extensions") or {}).get(CLIENT_LEFT_EXTENSION)
-    return cast("ClientLeft | None", extension)
-
-
-@final
-class _Body:
-    """The request body, read by the request task; then the client's leaving is watched.
-
-    hypercorn delivers ``http.disconnect`` after the body's messages, so whoever reads the
-    body sees a disconnect first: the request task while it reads (or, for a body streamed
-    through after the grant, ``prefetch`` while the request waits). Once the body is in,
-    llamaswap's server calls ``gone`` as the client leaves (``CLIENT_LEFT_EXTENSION``);
-    under another ASGI server (``watch``), a watcher task started in the request's nursery
-    waits for the ``http.disconnect``. Each calls ``on_disconnect``.
-    """
-
-    def __init__(
-        self,
-        receive: ASGIReceiveCallable,
-        limit: int,
-        nursery: trio.Nursery,
-        on_disconnect: Callable[[], None],
-        *,
-        expected: bool,
-        watch: bool,
-    ) -> None:
-        self._receive = receive
-        self._limit = limit
-        self._nursery = nursery
-        self._on_disconnect = on_disconnect
-        self._watch_needed = watch
-        self._received = 0
-        self._buffered: collections.deque[bytes] = collections.deque()
-        self.expected = expected  # the request says it has a body
-        self.disconnected = False
-        self.complete = False  # the whole body has arrived (or is being dropped)
-
-    @property
-    def unread(self) -> bool:
-        """Whether some of the body the client sends has not been read."""
-        return self.expected and not self.complete
-
-    async def _next(self) -> bytes | None:
-        """The next chunk from the client; None once the body is complete."""
-        while not self.complete:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                self.gone()
-                await trio.lowlevel.checkpoint()  # on_disconnect cancelled us: raise here
-                return None
-            if message["type"] == "http.request":
-                if not message.get("more_body", False):
-                    self.complete = True
-                    if self._watch_needed:
-                        self._nursery.start_soon(self._watch)
-                if chunk := message.get("body", b""):
-                    self._received += len(chunk)
-                    if self._received > self._limit:
-                        raise BodyTooLarge(self._limit)
-                    return chunk
-        return None
-
-    def __aiter__(self) -> _Body:
-        # An iterator object rather than an async generator: the pool may stop reading
-        # it half-way (an early answer, a cancel), and a generator would then be left to
-        # the garbage collector to finalise.
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._buffered:
-            return self._buffered.popleft()
-        chunk = await self._next()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    async def prefetch(self, _: object) -> None:
-        """While the request waits, read ahead into memory (at most ``maxBodyBytes``): a
-        client that leaves while queued is then noticed, and never causes a load."""
-        while (chunk := await self._next()) is not None:
-            self._buffered.append(chunk)
-
-    def drop_rest(self) -> None:
-        """An answer goes out before the whole body has been read (an error, a model
-        server's early 413): the connection closes after it, and until then the rest of the
-        body is read and dropped by the watcher. **Nobody may leave the body unread**:
-        hypercorn hands it over through a queue of ten messages and, once that is full,
-        waits for room before anything else, even before the ``http.disconnect`` it queues
-        when the answer ends, so the answer's last send would never return."""
-        self.complete = True
-        self._nursery.start_soon(self._watch)
-
-    async def _watch(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-        self.gone()
-
-    def gone(self) -> None:
-        self.disconnected = True
-        self._on_disconnect()
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self])
-
 
 @final
 class _Reply:
     """The response to the client (to the request whose body is ``request``); remembers
     whether it has started."""
 
-    def __init__(self, send: ASGISendCallable, exchange: Exchange, request: _Body) -> None:
+    def __init__(self, send: ASGISendCallable, exchange: Exchange, request: RequestBody) -> None:
         self._send = send
         self._exchange = exchange
         self._request = request
@@ -354,16 +169,6 @@ class Forwarder:
     def _names(self) -> Names:
         return self._router.names
 
-    def route(self, scope: HTTPScope) -> Route | None:
-        """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
-        if scope["path"].startswith(UPSTREAM_PREFIX):
-            return _UPSTREAM_ROUTE
-        method = "GET" if scope["method"] == "HEAD" else scope["method"]
-        route = _ROUTES.get((method, scope["path"]))
-        if route is not None:
-            return route
-        return _WRONG_METHOD if scope["path"] in _METHODS else None
-
     async def __call__(
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
@@ -377,11 +182,11 @@ class Forwarder:
                 if not exchange.finished:
                     nursery.cancel_scope.cancel(reason="client disconnected")
 
-            headers = _header_map(scope)
+            headers = header_map(scope, _READ)
             limit = self._config.max_body_bytes
-            told = _client_left(scope)
-            expected = _has_body(headers)
-            body = _Body(
+            told = asgi.client_left(scope)
+            expected = has_body(headers)
+            body = RequestBody(
                 receive, limit, nursery, client_left, expected=expected, watch=told is None
             )
             if told is not None:
@@ -439,14 +244,14 @@ class Forwarder:
         route: Route,
         scope: HTTPScope,
         headers: dict[str, str],
-        body: _Body,
+        body: RequestBody,
         reply: _Reply,
         exchange: Exchange,
     ) -> None:
         if not authorized(self._config.api_keys, headers):
             raise Unauthorized()
         if route.wrong_method:
-            raise MethodNotAllowed(scope["method"], scope["path"], _METHODS[scope["path"]])
+            raise MethodNotAllowed(scope["method"], scope["path"], METHODS[scope["path"]])
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._config.max_body_bytes:
             raise BodyTooLarge(self._config.max_body_bytes)
@@ -492,9 +297,9 @@ class Forwarder:
         translation = None  # set when /v1/messages goes to a chat-completions server
         messages = route.model_in is not None and path in _MESSAGES
         if messages and payload is not None and model.anthropic == "translate":
-            if path == anthropic.COUNT_TOKENS_PATH:  # llamaswap's own estimate
-                count = anthropic.estimate_tokens(payload.json())
-                await reply.json(200, {"input_tokens": count})
+            answer = anthropic.local_answer(path, payload.json())
+            if answer is not None:
+                await reply.json(200, answer)
                 return
             raw, chat, translation = anthropic.chat_body(payload.json())
             payload = Payload(raw, "application/json", chat)
@@ -514,10 +319,6 @@ class Forwarder:
         exchange.lease = self._router.lease(
             target.model_id,
             priority=exchange.priority,
-            # Pages, and counting a prompt's tokens (clients ask before every turn), do
-            # not generate: they go beside a generation, not after it.
-            needs_slot=scope["method"] not in ("GET", "HEAD")
-            and scope["path"] != anthropic.COUNT_TOKENS_PATH,
             client=client_address(scope.get("client")),
             route=f"{scope['method']} {scope['path']}",
         )
@@ -534,9 +335,14 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
 
     async def _forward(
-        self, exchange: Exchange, scope: HTTPScope, upstream: _Upstream, body: _Body, reply: _Reply
+        self,
+        exchange: Exchange,
+        scope: HTTPScope,
+        upstream: _Upstream,
+        body: RequestBody,
+        reply: _Reply,
     ) -> None:
-        headers = _upstream_headers(
+        headers = upstream_headers(
             scope, strip_auth=bool(self._config.api_keys or upstream.extra_headers)
         )
         headers.extend(upstream.extra_headers)
@@ -572,7 +378,7 @@ class Forwarder:
         if not response.header(b"content-encoding"):
             exchange.tap = UsageTap(content_type)
         if not reply.started:
-            headers = _downstream_headers(response, content_type, exchange.model)
+            headers = downstream_headers(response, content_type, exchange.model)
             await reply.start(response.status, headers)
         elif response.status != 200:
             # The loading-state stream already said 200: pass the error on as an event.
@@ -614,7 +420,7 @@ class Forwarder:
         exchange.tap = tap = UsageTap(content_type)
         headers = [
             (k, v)
-            for k, v in _downstream_headers(response, content_type, exchange.model)
+            for k, v in downstream_headers(response, content_type, exchange.model)
             if k not in (b"content-type", b"content-length")
         ]
         headers.append((b"content-type", content_type.encode("latin-1")))
@@ -711,82 +517,6 @@ def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> 
     if scope["path"] != "/v1/chat/completions" or payload is None:
         return False
     return payload.field("stream") is True
-
-
-#: The request fields the forwarder reads (``_header_map`` gives no other); the others are
-#: only passed on, and need no decoding: an SDK sends a dozen more (``x-stainless-*``).
-_READ = frozenset(
-    {
-        b"authorization",
-        b"x-api-key",
-        b"content-encoding",
-        b"content-length",
-        b"content-type",
-        b"transfer-encoding",
-        PRIORITY_HEADER.encode(),
-    }
-)
-
-
-def _header_map(scope: HTTPScope) -> dict[str, str]:
-    """The request fields in ``_READ``, by lowercase name; the first occurrence wins."""
-    headers: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        lower = name.lower()
-        if lower in _READ:
-            headers.setdefault(lower.decode("latin-1"), value.decode("latin-1"))
-    return headers
-
-
-def _upstream_headers(scope: HTTPScope, *, strip_auth: bool) -> list[tuple[bytes, bytes]]:
-    headers = []
-    connection = False  # a Connection field: the fields it names are this hop's own too
-    for name, value in scope["headers"]:
-        lower = name.lower()
-        if lower in _HOP_BY_HOP:
-            connection = connection or lower == b"connection"
-        elif not (strip_auth and lower in (b"authorization", b"x-api-key")):
-            headers.append((lower, value))
-    if connection:
-        named = _named_in_connection(scope["headers"])
-        headers = [(k, v) for k, v in headers if k not in named]
-    return headers
-
-
-def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """The fields a ``Connection`` header names: this hop's own (RFC 9110 §7.6.1)."""
-    named = [v for k, v in headers if k.lower() == b"connection"]
-    if not named:
-        return frozenset()
-    return frozenset(t.strip().lower() for v in named for t in v.split(b",") if t.strip())
-
-
-#: Response fields hypercorn sets itself, and the one llamaswap sets (a peer llamaswap's
-#: gives way to ours).
-_OURS = _HOP_BY_HOP | {b"date", b"server", UPSTREAM_HEADER}
-
-
-def _downstream_headers(
-    response: UpstreamResponse, content_type: str, model: str
-) -> list[tuple[bytes, bytes]]:
-    """The upstream's response fields, and ``X-LlamaSwap-Upstream`` naming who answered:
-    an error with it is the model server's, one without it llamaswap's own."""
-    dropped = _OURS
-    if response.header(b"connection"):  # the fields it names are this hop's own too
-        dropped = dropped | _named_in_connection(response.headers)
-    if response.header(b"transfer-encoding"):  # the body's length was its chunks'
-        dropped = dropped | {b"content-length"}
-    headers = [(k, v) for k, v in response.headers if k not in dropped]
-    headers.append((UPSTREAM_HEADER, model.encode()))
-    if content_type.startswith("text/event-stream") and not response.header(b"x-accel-buffering"):
-        headers.append((b"x-accel-buffering", b"no"))  # a peer llamaswap's has it already
-    return headers
-
-
-def _has_body(headers: dict[str, str]) -> bool:
-    """Whether the client's request (``headers``: ``_header_map``) has a body to stream
-    through. (h11 refuses a request whose Content-Length fields disagree.)"""
-    return "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
 
 
 def _peer_auth(peer: Peer) -> list[tuple[bytes, bytes]]:

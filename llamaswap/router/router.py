@@ -47,6 +47,7 @@ from llamaswap.schedulers import (
     Swap,
     Ticket,
     make_scheduler,
+    needs_slot,
 )
 
 from .lease import Lease, Leases, LeaseState, RequestInfo
@@ -228,18 +229,18 @@ class Router:
         model: str,
         *,
         priority: int = 0,
-        needs_slot: bool = True,
         client: str | None = None,
         route: str = "",
     ) -> Lease:
-        """A new request for ``model`` (an ID), to pass to ``acquire``; ``client`` and
-        ``route`` are only shown (``RequestInfo``)."""
+        """A new request for ``model`` (an ID), to pass to ``acquire``. ``route``
+        (``"POST /v1/chat/completions"``) says whether it takes the model's slot
+        (``needs_slot``); it and ``client`` are shown (``RequestInfo``)."""
         ticket = Ticket(
             model,
             priority=priority,
             seq=next(self._seq),
             arrival=trio.current_time(),
-            needs_slot=needs_slot,
+            needs_slot=needs_slot(route) if route else True,
             effective_priority=priority,
         )
         return Lease(ticket, client=client, route=route)

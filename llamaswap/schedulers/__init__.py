@@ -18,6 +18,7 @@ from .base import Swapper as Swapper
 from .base import Ticket as Ticket
 from .base import TicketState as TicketState
 from .base import World as World
+from .base import needs_slot as needs_slot
 from .fifo import FifoScheduler as FifoScheduler
 from .priority import BANDS as BANDS
 from .priority import band_of as band_of
@@ -47,6 +48,7 @@ __all__ = [
     "World",
     "band_of",
     "make_scheduler",
+    "needs_slot",
     "parse_priority",
 ]
 

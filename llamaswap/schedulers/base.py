@@ -42,7 +42,20 @@ __all__ = [
     "Ticket",
     "TicketState",
     "World",
+    "needs_slot",
 ]
+
+#: Requests that generate nothing, though they are not pages: Anthropic clients count a
+#: prompt's tokens before every turn.
+_NO_SLOT = frozenset({"POST /v1/messages/count_tokens"})
+
+
+def needs_slot(route: str) -> bool:
+    """Whether a request to ``route`` (``"METHOD /path"``) is inference work that takes a
+    model's slot (``Ticket.needs_slot``): not a page (GET, HEAD), nor a token count. Those
+    go beside a generation, not after it."""
+    method = route.partition(" ")[0]
+    return method not in ("GET", "HEAD") and route not in _NO_SLOT
 
 
 class TicketState(enum.Enum):

@@ -6,7 +6,7 @@
     python tests/benchmarks/floor_app.py --port P llamaswap-h11 CONFIG
 
 Plain ASGI apps on hypercorn's trio worker, with llamaswap's connection handler
-(``llamaswap/_connections.py``: its idle timer) and its keep-alive settings:
+(``llamaswap/http/server.py``: its idle timer) and its keep-alive settings:
 
 * ``constant`` reads the request and answers a fixed small JSON body: what hypercorn alone
   costs per request, before any forwarding;
@@ -43,10 +43,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import llamaswap._connections  # noqa: F401  (installs llamaswap's connection handler)
+import llamaswap.http.server
 from llamaswap import cli
-from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
-from llamaswap.proxy.upstream import UpstreamPool
+from llamaswap.http.asgi import CLIENT_LEFT_EXTENSION, ClientLeft
+from llamaswap.http.client import UpstreamPool
 
 ANSWER = b'{"id": "floor", "object": "chat.completion", "choices": []}'
 _OURS = {b"date", b"server", b"connection", b"transfer-encoding"}
@@ -183,6 +183,7 @@ async def main(port: int, mode: str, upstream: str) -> None:
     settings.bind = [f"127.0.0.1:{port}"]
     settings.accesslog = None
     settings.keep_alive_max_requests = 2**31
+    llamaswap.http.server.install()
     async with UpstreamPool() as pool:
         await hypercorn.trio.serve(app(pool if mode == "forward" else None, upstream), settings)
 

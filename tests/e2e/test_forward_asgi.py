@@ -4,7 +4,7 @@ The router runs fake processes; the upstream is a real socket (a scripted h11 se
 the ASGI ``receive``/``send`` pair plays hypercorn, so a test can do exactly what
 hypercorn does at a chosen moment. Where it matters, a test plays both servers: another
 ASGI server (the request's watcher task waits for ``http.disconnect``), and hypercorn as
-llamaswap runs it (``_connections.py``), which calls the request's ``ClientLeft`` (its
+llamaswap runs it (``llamaswap/http/server.py``), which calls the request's ``ClientLeft`` (its
 ``CLIENT_LEFT_EXTENSION``) as it hands over the message.
 """
 
@@ -19,8 +19,8 @@ import pytest
 import trio
 
 from llamaswap.config.model import Config, ModelConfig
+from llamaswap.http.asgi import CLIENT_LEFT_EXTENSION, ClientLeft
 from llamaswap.proxy import UpstreamPool, create_app
-from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
 from llamaswap.router import Router
 from tests.e2e.test_upstream_pool import serve_forever, start_server
 from tests.fakes import FakeProbe, FakeSpawner

@@ -19,6 +19,7 @@ import trio
 
 from llamaswap.config.model import ModelConfig
 from llamaswap.errors import ModelStartFailed
+from llamaswap.http.client import UpstreamPool
 from llamaswap.process import (
     HttpProbe,
     Lifeline,
@@ -27,7 +28,6 @@ from llamaswap.process import (
     SubprocessSpawner,
     open_lifeline,
 )
-from llamaswap.proxy.upstream import UpstreamPool
 from tests.e2e.harness import (
     MARKER_VARIABLE,
     alive,

@@ -21,8 +21,8 @@ import trustme
 from trio.testing import MockClock
 
 from llamaswap.config.model import Config, ModelConfig
+from llamaswap.http.client import UpstreamFailed
 from llamaswap.proxy import UpstreamPool, create_app
-from llamaswap.proxy.upstream import UpstreamFailed
 from llamaswap.router import Router
 from tests.e2e.test_forward_asgi import http_scope
 from tests.e2e.test_upstream_pool import Peer, Script, get, serve_forever, start_server

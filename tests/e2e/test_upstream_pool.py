@@ -25,7 +25,7 @@ from trio.testing import MockClock
 
 from llamaswap._serve import _close_upstream_connections
 from llamaswap.config.model import Config, ModelConfig, Timeouts
-from llamaswap.proxy.upstream import UpstreamFailed, UpstreamPool, _Connection
+from llamaswap.http.client import UpstreamFailed, UpstreamPool, _Connection
 from llamaswap.router import Router
 from tests.fakes import FakeProbe, FakeSpawner
 

@@ -9,7 +9,7 @@ import trio
 from trio.testing import MockClock
 
 from llamaswap.config.model import Timeouts
-from llamaswap.proxy.upstream import UpstreamFailed, UpstreamPool
+from llamaswap.http.client import UpstreamFailed, UpstreamPool
 from tests.e2e.test_upstream_pool import Peer, serve_forever, start_server
 
 

@@ -1,4 +1,4 @@
-"""What llamaswap changes in hypercorn's handler of a connection (``llamaswap._connections``).
+"""What llamaswap changes in hypercorn's handler of a connection (``llamaswap.http.server``).
 
 The idle timer (``IdleTimer``), on the mock clock: hypercorn calls ``restart`` when a
 connection becomes idle and ``stop`` when a request starts; the timer closes the
@@ -35,10 +35,10 @@ from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.trio.worker_context import EventWrapper
 from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
-from llamaswap._connections import IdleTimer, TaskGroup, abandon_writes
-from llamaswap.proxy import upstream
-from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION
-from llamaswap.proxy.upstream import _READ, _Connection, receive_now, send_now
+from llamaswap.http import client as upstream
+from llamaswap.http.asgi import CLIENT_LEFT_EXTENSION
+from llamaswap.http.client import _READ, _Connection, receive_now, send_now
+from llamaswap.http.server import IdleTimer, TaskGroup, abandon_writes, install
 
 TIMEOUT = 75.0
 
@@ -259,6 +259,8 @@ def answering(body: bytes) -> Callable[[Any, Any, Any], Awaitable[None]]:
 
 
 def local_config() -> hypercorn.config.Config:
+    """hypercorn's settings for a server on a free port, with llamaswap's handler."""
+    install()
     config = hypercorn.config.Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = config.errorlog = None

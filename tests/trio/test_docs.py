@@ -13,7 +13,7 @@ import trio
 
 from llamaswap.config.model import Config, toml_key
 from llamaswap.proxy import UpstreamPool, create_app
-from llamaswap.proxy.forward import _INFERENCE
+from llamaswap.proxy.routes import INFERENCE
 from llamaswap.router import Router
 from tests.fakes import FakeProbe, FakeSpawner
 
@@ -66,7 +66,7 @@ async def test_every_route_is_in_the_api_docs(nursery: trio.Nursery) -> None:
         for method in rule.methods or ()
         if method not in {"HEAD", "OPTIONS"} and rule.endpoint != "static"
     }
-    routes |= set(_INFERENCE)
+    routes |= set(INFERENCE)
     assert {("POST", "/api/models/load/{}"), ("POST", "/v1/chat/completions")} <= routes
     code = code_in((DOCS / "api.md").read_text())
     # A parameter is written {name} in the docs.

@@ -7,7 +7,7 @@ import random
 import h11
 import pytest
 
-from llamaswap.proxy.upstream import _MAX_LINE, _Chunked
+from llamaswap.http.client import _MAX_LINE, _Chunked
 
 HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 

@@ -9,8 +9,8 @@ import pytest
 
 from llamaswap._version import version, versions
 from llamaswap.errors import RequestCancelled
+from llamaswap.http.errors import error_response
 from llamaswap.process import ModelState, ModelStatistics
-from llamaswap.proxy.errors import error_response
 from llamaswap.proxy.operations import (
     client_address,
     inflight_entry,

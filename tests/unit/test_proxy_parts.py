@@ -23,10 +23,10 @@ from llamaswap.errors import (
     Unauthorized,
     UpstreamError,
 )
-from llamaswap.proxy.auth import authorized, presented_key
-from llamaswap.proxy.errors import error_response
+from llamaswap.http.auth import authorized, presented_key
+from llamaswap.http.client import UpstreamFailed, _origin
+from llamaswap.http.errors import error_response
 from llamaswap.proxy.extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
-from llamaswap.proxy.upstream import UpstreamFailed, _origin
 from llamaswap.router.names import Local, Names, Peer
 from tests.strategies import json_values
 

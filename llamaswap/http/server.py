@@ -38,6 +38,7 @@ what a client sees; the others make a small request more than a quarter cheaper
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import weakref
 from collections.abc import Awaitable, Callable
@@ -53,11 +54,13 @@ import hypercorn.trio.tcp_server
 import hypercorn.typing
 import trio
 from hypercorn.events import Closed, Event, RawData
+from hypercorn.trio.task_group import _handle
 
 from llamaswap.errors import BadRequest, HeadTooLarge, RequestError
-from llamaswap.proxy.errors import error_response
-from llamaswap.proxy.forward import CLIENT_LEFT_EXTENSION, ClientLeft
-from llamaswap.proxy.upstream import send_now
+
+from .asgi import CLIENT_LEFT_EXTENSION, ClientLeft, Inbox
+from .client import send_now
+from .errors import error_response
 
 __all__ = ["H11Protocol", "IdleTimer", "TCPServer", "TaskGroup", "abandon_writes"]
 
@@ -129,10 +132,21 @@ class TaskGroup(hypercorn.trio.task_group.TaskGroup):
         told = ClientLeft()
         if scope["type"] == "http":
             scope["extensions"][CLIENT_LEFT_EXTENSION] = told  # type: ignore[assignment]
-        put = await super().spawn_app(app, config, scope, send)
-        channel = put.__self__  # type: ignore[attr-defined]  # a memory channel's send
-        assert isinstance(channel, trio.MemorySendChannel)
-        return partial(_put, channel, told)
+        to_app, inbox = trio.open_memory_channel[hypercorn.typing.ASGIReceiveEvent](
+            config.max_app_queue_size
+        )
+        assert self._nursery is not None  # inside the connection's ``async with``
+        self._nursery.start_soon(
+            _handle,
+            app,
+            config,
+            scope,
+            Inbox(inbox),
+            send,
+            trio.to_thread.run_sync,
+            trio.from_thread.run,
+        )
+        return partial(_put, to_app, told)
 
 
 async def _put(
@@ -297,6 +311,24 @@ class H11Protocol(hypercorn.protocol.h11.H11Protocol):
         await self._send_h11_event(h11.EndOfMessage())
 
 
-hypercorn.protocol.H11Protocol = H11Protocol  # type: ignore[attr-defined]
-hypercorn.trio.run.TCPServer = TCPServer  # type: ignore[attr-defined]
-hypercorn.trio.tcp_server.TaskGroup = TaskGroup  # type: ignore[attr-defined]
+#: The hypercorn releases whose internals this module was written against.
+HYPERCORN_VERSIONS = ("0.17.", "0.18.")
+
+
+def install() -> None:
+    """Make hypercorn's trio worker use :class:`TCPServer`, :class:`TaskGroup` and
+    :class:`H11Protocol` for every connection (``serve()`` calls it before serving).
+
+    Raises:
+        RuntimeError: the installed hypercorn is not one this module was written for.
+    """
+    version = importlib.metadata.version("hypercorn")
+    if not version.startswith(HYPERCORN_VERSIONS):
+        raise RuntimeError(
+            f"llamaswap's HTTP server changes hypercorn's internals as of hypercorn "
+            f"{' and '.join(v + 'x' for v in HYPERCORN_VERSIONS)}; hypercorn {version} is "
+            "installed: install a supported one (pip install 'hypercorn<0.19')"
+        )
+    hypercorn.protocol.H11Protocol = H11Protocol  # type: ignore[attr-defined]
+    hypercorn.trio.run.TCPServer = TCPServer  # type: ignore[attr-defined]
+    hypercorn.trio.tcp_server.TaskGroup = TaskGroup  # type: ignore[attr-defined]
