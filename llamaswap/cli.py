@@ -13,6 +13,7 @@ from functools import partial
 
 import trio
 
+from llamaswap._limits import raise_open_files_limit
 from llamaswap._serve import listen_address, serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
@@ -161,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_console(level, config.log_to_stdout.value, config.log_time_format)
     # --log-level debug is about llamaswap and its models, not every HTTP/2 header.
     logging.getLogger("hpack").setLevel(logging.WARNING)
+    raise_open_files_limit()  # before any socket or model process exists
     try:
         trio.run(_run, config, options)
     except BaseException as exc:

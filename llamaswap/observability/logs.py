@@ -31,6 +31,7 @@ from llamaswap.process import LogLine, LogRing
 from llamaswap.process.supervisor import output_logger
 
 from .feed import Feed, Feeds
+from .throttle import throttle_accept_errors
 
 if TYPE_CHECKING:
     from llamaswap.router import Router
@@ -104,7 +105,8 @@ class ConsoleFormatter(logging.Formatter):
 
 
 def configure_console(level: str, to_stdout: str, time_format: str | None) -> None:
-    """Log to the console (standard error) what ``logToStdout`` says.
+    """Log to the console (standard error) what ``logToStdout`` says, with trio's accept
+    errors (out of file descriptors) throttled to one line per 10 s (``throttle.py``).
 
     Args:
         level: ``logLevel`` (``"debug"``, ``"info"``, ``"warn"``, ``"error"``).
@@ -115,6 +117,7 @@ def configure_console(level: str, to_stdout: str, time_format: str | None) -> No
     """
     root = logging.getLogger()
     root.setLevel(logging.WARNING if level == "warn" else level.upper())
+    throttle_accept_errors()  # out of descriptors, trio would log a traceback every 0.1 s
     if to_stdout == "none":
         return
     if to_stdout in ("upstream", "both"):
