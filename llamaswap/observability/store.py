@@ -21,6 +21,9 @@ The design, in two pieces:
   is being written. Pruning happens in each batch's transaction, and is cheap: rows older
   than ``maxAge`` go through the index on ``time``, and rows beyond ``maxRows`` are those
   whose ID is ``maxRows`` or more below the newest (IDs increase by one per request).
+  A file deleted while llamaswap runs is noticed by the next call (its connection finds an
+  empty database, with no ``activity`` table) and laid out again at the same path, with one
+  warning; the records it held are gone, and the next ones are written as before.
 
 Rejected: one long-lived connection with ``check_same_thread=False`` behind a lock (it
 works, but each caller would hold a lock across a thread hop, and a hung disk would leave
@@ -76,17 +79,19 @@ FLUSH_INTERVAL = 1.0
 #: Seconds a write may take before the writer stops waiting for it (also at shutdown).
 WRITE_TIMEOUT = 5.0
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS activity (
+#: The layout's statements, in order.
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS activity (
     id INTEGER PRIMARY KEY,
     time TEXT NOT NULL,
     model TEXT NOT NULL,
     band TEXT NOT NULL,
     status INTEGER NOT NULL,
     record TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS activity_time ON activity (time);
-"""
+)""",
+    "CREATE INDEX IF NOT EXISTS activity_time ON activity (time)",
+    f"PRAGMA user_version = {SCHEMA_VERSION}",
+)
 _COLUMNS = {"id", "time", "model", "band", "status", "record"}
 
 
@@ -144,14 +149,9 @@ class ActivityStore:
             with self._connect() as connection:
                 # Another program's file is left as it is (llamaswap would add its table
                 # and set user_version, which that program may use for itself).
-                tables = connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
-                others = sorted(
-                    name
-                    for (name,) in tables
-                    if name != "activity" and not name.startswith("sqlite_")
-                )
+                others = _tables(connection) - {"activity"}
                 if others:
-                    reason = f"it holds tables of another program ({', '.join(others)})"
+                    reason = f"it holds tables of another program ({', '.join(sorted(others))})"
                     raise _unusable(config_file, self.path, reason)
                 version = connection.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
@@ -164,10 +164,7 @@ class ActivityStore:
                 if columns and not columns >= _COLUMNS:
                     reason = "it holds an 'activity' table that is not llamaswap's"
                     raise _unusable(config_file, self.path, reason)
-                connection.execute("PRAGMA journal_mode=WAL")
-                connection.executescript(
-                    f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-                )
+                _lay_out(connection)
                 newest = connection.execute("SELECT max(id) FROM activity").fetchone()[0]
         except (sqlite3.Error, OSError) as exc:
             reason = str(exc) or type(exc).__name__
@@ -181,19 +178,58 @@ class ActivityStore:
             for r in records
         ]
         with self._connect() as connection:
-            # On an error the connection is closed without COMMIT: nothing is changed.
-            connection.execute("BEGIN IMMEDIATE")
-            connection.executemany(
-                "INSERT OR REPLACE INTO activity (id, time, model, band, status, record) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                rows,
+            try:
+                self._insert(connection, rows)
+            except sqlite3.OperationalError as exc:
+                if not _deleted(exc):
+                    raise
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                self._recreate(connection)
+                self._insert(connection, rows)
+
+    def _insert(self, connection: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        # On an error the connection is closed without COMMIT: nothing is changed.
+        connection.execute("BEGIN IMMEDIATE")
+        connection.executemany(
+            "INSERT OR REPLACE INTO activity (id, time, model, band, status, record) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        connection.execute("DELETE FROM activity WHERE time < ?", (self.horizon(),))
+        connection.execute(
+            "DELETE FROM activity WHERE id <= (SELECT max(id) FROM activity) - ?",
+            (self.max_rows,),
+        )
+        connection.execute("COMMIT")
+
+    def _recreate(self, connection: sqlite3.Connection) -> None:
+        """Lay the file out again after it was deleted while llamaswap ran.
+
+        Each call opens its own connection, so a deleted file is noticed by the next one:
+        SQLite creates an empty database in its place, and the first statement finds no
+        ``activity`` table. A file that holds other tables (put there by someone else) is
+        left as it is, as ``open`` leaves it.
+        """
+        others = _tables(connection) - {"activity"}
+        if others:
+            raise sqlite3.OperationalError(
+                f"{self.path!r} was replaced by a database with other tables "
+                f"({', '.join(sorted(others))}); not storing activity in it"
             )
-            connection.execute("DELETE FROM activity WHERE time < ?", (self.horizon(),))
-            connection.execute(
-                "DELETE FROM activity WHERE id <= (SELECT max(id) FROM activity) - ?",
-                (self.max_rows,),
-            )
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("BEGIN IMMEDIATE")  # the write lock: one call re-creates, and warns
+        if "activity" in _tables(connection):  # another call re-created it meanwhile
             connection.execute("COMMIT")
+            return
+        for statement in _SCHEMA:
+            connection.execute(statement)
+        connection.execute("COMMIT")
+        logger.warning(
+            "the activity store %s was deleted while llamaswap ran; created it again there "
+            "(the records it held are gone, the last ones are still in memory)",
+            self.path,
+        )
 
     def query(self, query: ActivityQuery) -> list[ActivityRecord]:
         """The records in the file that match ``query`` (and are younger than
@@ -205,7 +241,13 @@ class ActivityStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         with self._connect() as connection:
-            rows = connection.execute(sql, (*params, query.limit)).fetchall()
+            try:
+                rows = connection.execute(sql, (*params, query.limit)).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not _deleted(exc):
+                    raise
+                self._recreate(connection)
+                rows = []
         records = []
         for row_id, text in rows:
             try:
@@ -269,6 +311,27 @@ class ActivityStore:
             yield connection
         finally:
             connection.close()
+
+
+def _lay_out(connection: sqlite3.Connection) -> None:
+    """WAL mode, then the table, its index and the layout version, in one transaction."""
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("BEGIN IMMEDIATE")
+    for statement in _SCHEMA:
+        connection.execute(statement)
+    connection.execute("COMMIT")
+
+
+def _tables(connection: sqlite3.Connection) -> set[str]:
+    """The file's tables, SQLite's own left out."""
+    rows = connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+    return {name for (name,) in rows if not name.startswith("sqlite_")}
+
+
+def _deleted(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says the file has no ``activity`` table: it was deleted, and the
+    connection that raised it created an empty one."""
+    return str(exc).startswith("no such table: activity")
 
 
 def _unusable(config_file: str, path: str, reason: str) -> ConfigError:

@@ -222,3 +222,30 @@ async def test_a_store_that_cannot_be_read_answers_from_memory(
     with trio.fail_after(10):
         assert await store.select(query(), log) == [record]
     assert "cannot read the activity store" in caplog.text
+
+
+async def test_the_writer_goes_on_after_the_store_file_is_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The real clock: the store's work runs in worker threads.
+    path = tmp_path / "activity.db"
+    store = ActivityStore(str(path), max_rows=100, max_age=86_400.0)
+    log = ActivityLog(first_id=await trio.to_thread.run_sync(store.open))
+    path.unlink()  # rm activity.db while llamaswap runs
+    writer = ActivityWriter(store, interval=60.0)  # nothing is written before shutdown
+    log.add_listener(writer.put)
+    now = iso_time(datetime.datetime.now(datetime.timezone.utc))
+    records = [make(log.next_id(), time=now) for _ in range(2)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            for record in records:
+                log.add(record)
+            nursery.cancel_scope.cancel()
+        assert writer.statistics() == WriterStatistics(
+            buffered=0, written=2, dropped=0, failed=0, batches=1
+        )
+        assert await store.select(query(), ActivityLog()) == records[::-1]
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelno for r in problems] == [logging.WARNING]
+    assert "was deleted while llamaswap ran; created it again" in problems[0].getMessage()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -200,3 +201,70 @@ def test_rows_damaged_outside_llamaswap_are_skipped(tmp_path: Path) -> None:
             "UPDATE activity SET record = json_set(record, '$.id', '100') WHERE id = 3"
         )
     assert ids(store) == [4, 3]
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def remove(path: Path) -> None:
+    """``rm activity.db*``, as a user cleaning up would."""
+    for file in path.parent.glob(f"{path.name}*"):
+        file.unlink()
+
+
+def test_a_store_deleted_while_running_is_created_again_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "activity.db"
+    store, _ = store_at(path)
+    store.open()
+    store.insert([make(1), make(2)])
+    remove(path)
+    store.insert([make(3)])
+    store.insert([make(4)])
+    assert ids(store) == [4, 3]
+    assert warnings_of(caplog) == [
+        f"the activity store {path} was deleted while llamaswap ran; created it again there "
+        "(the records it held are gone, the last ones are still in memory)"
+    ]
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        indexes = connection.execute("SELECT name FROM sqlite_master WHERE type='index'")
+        assert [name for (name,) in indexes] == ["activity_time"]
+    remove(path)  # again: again one warning
+    store.insert([make(5)])
+    assert ids(store) == [5]
+    assert len(warnings_of(caplog)) == 2
+
+
+def test_a_query_after_the_store_was_deleted_finds_nothing_and_creates_it_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "activity.db"
+    store, _ = store_at(path)
+    store.open()
+    store.insert([make(1)])
+    remove(path)
+    assert ids(store) == []
+    store.insert([make(2)])
+    assert ids(store) == [2]
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_a_store_replaced_by_another_programs_database_is_left_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "activity.db"
+    store, _ = store_at(path)
+    store.open()
+    remove(path)
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE notes (text TEXT)")
+    with pytest.raises(sqlite3.OperationalError, match=r"replaced by a database with other"):
+        store.insert([make(1)])
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        tables = connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        assert [name for (name,) in tables] == ["notes"]
+    assert warnings_of(caplog) == []
