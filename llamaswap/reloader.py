@@ -6,10 +6,17 @@ configuration to ``Router.reconfigure``, which applies it model by model. Reload
 one at a time. Each is counted (``llamaswap_config_reloads_total{result}``), and the time
 of the last success is kept.
 
+A file that defines no model and has no ``[models]`` table is refused while models are
+configured (``load_config(replacing=...)``): an empty or half-written file must not remove
+them all, while an empty ``[models]`` table really means "no models".
+
 ``--watch-config`` watches the file's *directory* with ``watchfiles`` (its async API
 runs on Trio through anyio): an editor that saves by writing a new file and renaming it
-over the old one replaces the inode, which a watch on the file itself would lose. Bursts
-of writes are debounced into one reload.
+over the old one replaces the inode, which a watch on the file itself would lose. A burst
+of writes is one reload, once the file has *settled*: no change for ``SETTLE_DELAY``
+seconds after the last one, on Trio's clock. A writer that truncates the file and then
+writes it (a shell's ``>``, many scripts) is thus read once, complete, not empty first;
+changes during a reload lead to one more reload once they have settled too.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable, Collection
 from contextlib import aclosing
 from functools import partial
 from typing import Any, final
@@ -36,8 +43,10 @@ __all__ = ["ReloadResult", "Reloader"]
 
 logger = logging.getLogger("llamaswap.reload")
 
-#: Milliseconds of quiet that end a burst of writes to the watched file.
-DEBOUNCE_MS = 200
+#: Milliseconds of quiet in which ``watchfiles`` gathers changes into one set.
+DEBOUNCE_MS = 50
+#: Seconds the watched file must be left unchanged, after its last change, to be reloaded.
+SETTLE_DELAY = 0.5
 #: How often the watch thread returns, so that cancelling the watch is prompt.
 WATCH_STEP_MS = 250
 #: Seconds a reload may take to read and check the file.
@@ -121,7 +130,8 @@ class Reloader:
 
     async def _read(self) -> tuple[Config | None, tuple[str, ...]]:
         """The file's configuration, or why there is none."""
-        load = partial(load_config, self.path, keep=self._own_ports())
+        running = tuple(self._router.config.models)
+        load = partial(load_config, self.path, keep=self._own_ports(), replacing=running)
         try:
             with trio.fail_after(READ_TIMEOUT):
                 read = trio.to_thread.run_sync(load, abandon_on_cancel=True, limiter=self._reader)
@@ -178,12 +188,42 @@ class Reloader:
             yield_on_timeout=True,  # an empty set each step: the first one says "armed"
             recursive=False,
         )
-        armed = False
         async with aclosing(changes):
-            async for changed in changes:
-                if not armed:
-                    armed = True
-                    logger.info("watching %s: each saved change reloads it", self.path)
-                    task_status.started()
-                if changed:
-                    await self.reload("file changed")
+            await self.follow(changes, task_status=task_status)
+
+    async def follow(
+        self,
+        changes: AsyncIterable[Collection[object]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Reload once the file has settled after each burst of ``changes`` (sets of
+        changes to the file, an empty set when there was none; the first set means the
+        watch is armed), until cancelled or ``changes`` ends."""
+        # Size 1: a change during a settle or a reload needs one more reload, not one each.
+        send, receive = trio.open_memory_channel[None](1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._reload_settled, receive)
+            async with send:
+                armed = False
+                async for changed in changes:
+                    if not armed:
+                        armed = True
+                        logger.info("watching %s: each saved change reloads it", self.path)
+                        task_status.started()
+                    if changed:
+                        with contextlib.suppress(trio.WouldBlock):
+                            send.send_nowait(None)
+
+    async def _reload_settled(self, changed: trio.MemoryReceiveChannel[None]) -> None:
+        async with changed:
+            async for _ in changed:
+                while True:  # until SETTLE_DELAY passes with no further change
+                    with trio.move_on_after(SETTLE_DELAY) as quiet:
+                        try:
+                            await changed.receive()
+                        except trio.EndOfChannel:
+                            return  # the watch ended while the file was changing
+                    if quiet.cancelled_caught:
+                        break
+                await self.reload("file changed")

@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -26,7 +26,7 @@ from ..errors import ConfigError, ConfigProblem
 from .convert import make_converter, walk_error
 from .macros import PortProbe, expand_macros, port_free
 from .model import TTL, UNLOAD_TIMEOUT, Config
-from .paths import Path, Problem, format_path
+from .paths import Path, Problem, format_path, known_list
 from .validate import validate
 from .values import InvalidValue, parse_bool, parse_duration_in
 
@@ -60,6 +60,7 @@ def load_config(
     *,
     free: PortProbe = port_free,
     keep: Mapping[str, int] = _NONE_KEPT,
+    replacing: Collection[str] = (),
 ) -> Config:
     """Read, expand and validate a TOML configuration file.
 
@@ -68,6 +69,9 @@ def load_config(
         free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
         keep: the ports of a running configuration's models (a reload's): a model that
             still uses ``${PORT}`` keeps its port.
+        replacing: the models of the configuration this one replaces (a reload's): while
+            there are any, a file that defines no model must say so with an empty
+            ``[models]`` table (an empty or half-written file would remove them all).
 
     Returns:
         The validated configuration.
@@ -78,7 +82,9 @@ def load_config(
     file = os.fspath(path)
     text = read_text(file)
     directory = os.path.dirname(os.path.abspath(file))
-    return loads_config(text, file=file, directory=directory, free=free, keep=keep)
+    return loads_config(
+        text, file=file, directory=directory, free=free, keep=keep, replacing=replacing
+    )
 
 
 def read_text(file: str) -> str:
@@ -106,6 +112,7 @@ def loads_config(
     directory: str | None = None,
     free: PortProbe = port_free,
     keep: Mapping[str, int] = _NONE_KEPT,
+    replacing: Collection[str] = (),
 ) -> Config:
     """Parse, expand and validate configuration text.
 
@@ -116,7 +123,7 @@ def loads_config(
         directory: what a relative ``store.path`` is relative to (``load_config`` passes
             the file's directory); ``None`` leaves it relative to the working directory.
         free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
-        keep: as for :func:`load_config`.
+        keep, replacing: as for :func:`load_config`.
 
     Returns:
         The validated configuration.
@@ -128,16 +135,30 @@ def loads_config(
     if deep := _too_deep(raw):
         # Like a syntax error, reported alone: every later stage walks the document.
         raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
+    emptying = _emptying(raw, replacing)
     doc, expanding = expand_macros(raw, os.environ if environ is None else environ, free, keep)
     _inherit_defaults(doc)
     config, structuring, dropped = _structure(doc)
     checking: list[Problem] = []
     if config is not None:
         config, checking = validate(config, dropped=dropped)
-    problems = _merge(expanding, structuring, checking)
+    problems = _merge(emptying, expanding, structuring, checking)
     if problems or config is None:
         raise ConfigError(file, problems)
     return _resolve_store_path(config, directory)
+
+
+def _emptying(raw: dict[str, Any], replacing: Collection[str]) -> list[Problem]:
+    """The problem of a document that would remove every model of ``replacing`` without
+    saying so: it has no ``models`` table (an empty ``[models]`` says so)."""
+    if not replacing or "models" in raw:
+        return []
+    message = (
+        "the file defines no model and has no [models] table, so it would remove every "
+        f"model ({known_list(replacing)}); if it was saved half-written, save it again; "
+        "to remove every model, write [models] with nothing under it"
+    )
+    return [Problem(("models",), message)]
 
 
 def _resolve_store_path(config: Config, directory: str | None) -> Config:

@@ -349,3 +349,62 @@ async def test_switching_schedulers_during_a_load_lets_it_finish(
     text = proxy.output.text()
     assert text.count("scheduler 'serial' replaces 'fifo'") == 1
     assert "evicted for" not in text.split("model 'a': ready")[0]  # nothing cut a's load
+
+
+def unstarted(*models: str) -> str:
+    """Models that are listed but never started here: no model port is needed."""
+    return "".join(
+        f'[models.{model}]\ncmd = "never-started"\nproxy = "http://127.0.0.1:9"\n'
+        for model in models
+    )
+
+
+async def listed(client: httpx.AsyncClient) -> list[str]:
+    return sorted(entry["id"] for entry in (await client.get("/v1/models")).json()["data"])
+
+
+async def test_watch_config_reloads_a_truncated_then_written_file_once_complete(
+    proxy_factory: StartProxy,
+) -> None:
+    """A writer that truncates the file, then writes it: the watch reloaded the empty file
+    first, which removed every model (4 of 5 waiting requests failed with 503)."""
+    proxy = await proxy_factory(unstarted("alpha"), args=["--watch-config"])
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            await proxy.output.wait_for(r"watching .*: each saved change reloads it")
+            mark = len(proxy.output.lines)
+            with proxy.config.open("w") as file:  # truncated: empty on disk
+                file.flush()
+                await trio.sleep(0.25)  # the writer is slow to write (not waiting on llamaswap)
+                file.write(unstarted("alpha", "beta"))
+            line = (await proxy.output.wait_for(r"reloaded .* \(file changed\).*", start=mark))[0]
+            assert "removed" not in line
+            assert "'added': ['beta']" in line
+            assert await listed(client) == ["alpha", "beta"]
+
+
+async def test_a_file_left_empty_is_refused_until_it_says_there_are_no_models(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(unstarted("alpha"), args=["--watch-config"])
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            await proxy.output.wait_for(r"watching .*: each saved change reloads it")
+            mark = len(proxy.output.lines)
+            proxy.config.write_text("")
+            await proxy.output.wait_for(r"reload \(file changed\) failed", start=mark)
+            answer = await client.post("/api/config/reload")
+            assert answer.status_code == 400
+            (problem,) = answer.json()["problems"]
+            assert problem == (
+                f"{proxy.config}: models: the file defines no model and has no [models] "
+                "table, so it would remove every model ('alpha'); if it was saved "
+                "half-written, save it again; to remove every model, write [models] with "
+                "nothing under it"
+            )
+            assert await listed(client) == ["alpha"]
+            mark = len(proxy.output.lines)
+            proxy.config.write_text("[models]\n")
+            line = (await proxy.output.wait_for(r"reloaded .* \(file changed\).*", start=mark))[0]
+            assert "'removed': ['alpha']" in line
+            assert await listed(client) == []

@@ -29,7 +29,7 @@ from llamaswap.errors import ModelUnloaded, RequestError
 from llamaswap.observability import ActivityLog, Metrics
 from llamaswap.process import ModelState
 from llamaswap.proxy.exchange import Exchange, Recorder
-from llamaswap.reloader import READ_TIMEOUT, Reloader
+from llamaswap.reloader import READ_TIMEOUT, SETTLE_DELAY, Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.router.reload import ConfigChanges, diff_config
@@ -364,6 +364,116 @@ async def test_a_reload_after_shutdown_began_changes_nothing(
     result = await reloader.reload("SIGHUP")
     assert result.problems == ("llamaswap is shutting down; the running config stays",)
     assert set(router.config.models) == {"a"}
+
+
+def emptying(path: Path, models: str) -> str:
+    return (
+        f"{path}: models: the file defines no model and has no [models] table, so it would "
+        f"remove every model ({models}); if it was saved half-written, save it again; "
+        "to remove every model, write [models] with nothing under it"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "# saved half-written\n", "startPort = 6000\n", '[macros]\nx = "y"\n'],
+    ids=["empty", "comment", "setting", "macros"],
+)
+async def test_a_file_with_no_models_table_does_not_remove_every_model(
+    text: str,
+    mock_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    tmp_path: Path,
+) -> None:
+    """A writer that truncates the file, then writes it, leaves it empty for a while: a
+    reload then removed every model, and every request waiting for one failed with 503."""
+    router = await start(nursery, spawner, recorder, config(a=model(1), b=model(2)))
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    result = await Reloader(str(path), router).reload("SIGHUP")
+    assert result == ReloadResult(False, "SIGHUP", problems=(emptying(path, "'a', 'b'"),))
+    assert set(router.config.models) == {"a", "b"}
+    path.write_text('startPort = "x"\n')  # reported beside the file's other problems
+    problems = (await Reloader(str(path), router).reload("SIGHUP")).problems
+    assert problems == (
+        emptying(path, "'a', 'b'"),
+        f"{path}: startPort: expected an integer, got 'x'",
+    )
+
+
+async def test_an_empty_models_table_removes_every_model(
+    mock_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    tmp_path: Path,
+) -> None:
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    path = tmp_path / "config.toml"
+    reloader = Reloader(str(path), router)
+    path.write_text("[models]\n")
+    result = await reloader.reload("api")
+    assert result.ok
+    assert result.changes is not None
+    assert result.changes.removed == ("a",)
+    assert dict(router.config.models) == {}
+    path.write_text("")  # with no model configured, there is none to remove
+    assert (await reloader.reload("api")).ok
+
+
+async def test_the_watch_reloads_once_the_file_has_been_left_unchanged_for_a_while(
+    mock_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+    tmp_path: Path,
+) -> None:
+    """A burst of changes (truncated, then written) is one reload, ``SETTLE_DELAY`` after
+    the last change, of the complete file. (The clock moves only when told: reading the
+    file takes real time.)"""
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    path = tmp_path / "config.toml"
+    path.write_text(ONE_MODEL)
+    results: list[tuple[float, ReloadResult]] = []
+    reloaded = trio.Event()
+
+    def on_result(result: ReloadResult) -> None:
+        results.append((trio.current_time(), result))
+        reloaded.set()
+
+    reloader = Reloader(str(path), router, on_result)
+    send, receive = trio.open_memory_channel[set[str]](0)
+
+    async def change(text: str) -> None:
+        path.write_text(text)
+        await send.send({"modified"})
+        await trio.testing.wait_all_tasks_blocked()
+
+    async with trio.open_nursery() as watching, send:
+        watching.start_soon(reloader.follow, receive)
+        await send.send(set())  # armed
+        await change("")  # truncated at t = 0 ...
+        mock_clock.jump(0.25)
+        await change(ONE_MODEL + '[models.b]\ncmd = "server 2"\nproxy = "http://m:2"\n')
+        mock_clock.jump(SETTLE_DELAY - 0.125)  # ... written at t = 0.25; now t = 0.625
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == []
+        mock_clock.jump(0.25)  # t = 0.875: unchanged for 0.625 s
+        await reloaded.wait()
+        ((when, result),) = results
+        assert when == 0.875
+        assert result.ok
+        assert result.changes is not None
+        assert result.changes.added == ("b",)
+        assert set(router.config.models) == {"a", "b"}
+        reloaded = trio.Event()
+        await change(ONE_MODEL)  # the next burst: one more reload, once settled
+        mock_clock.jump(SETTLE_DELAY + 0.125)
+        await reloaded.wait()
+        assert [when for when, _ in results] == [0.875, 1.5]
+        assert set(router.config.models) == {"a"}
 
 
 # ------------------------------------------------- a removed model is forgotten
