@@ -27,17 +27,16 @@ import logging
 import math
 import signal
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
-import hypercorn.config
 import hypercorn.trio
 import trio
 
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import ListenError, RequestError, only_cause
 from llamaswap.http import server as http_server
-from llamaswap.http.server import abandon_writes
+from llamaswap.http.server import ServerConfig
 from llamaswap.observability import (
     ActivityLog,
     ActivityStore,
@@ -103,8 +102,8 @@ def _bad(listen: str, reason: str) -> typing.NoReturn:
     raise ListenError(listen or "''", OSError(errno.EINVAL, reason))
 
 
-def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
-    settings = hypercorn.config.Config()
+def _hypercorn_config(listen: str, current: Callable[[], Config]) -> ServerConfig:
+    settings = ServerConfig(current)
     host, port = listen_address(listen)
     settings.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     settings.accesslog = None
@@ -128,6 +127,7 @@ def _hypercorn_config(listen: str, config: Config) -> hypercorn.config.Config:
     settings.keep_alive_max_requests = 2**31  # never close a busy client's connection
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
     settings.h11_max_incomplete_size = 64 * 1024  # the largest request head
+    settings.alpn_protocols = ["http/1.1"]  # HTTP/1.1 only, should TLS come
     return settings
 
 
@@ -228,11 +228,12 @@ async def serve(
             logs=logs,
             activity=activity,
             store=store,
+            listen_host=listen_address(listen)[0],
         )
         await nursery.start(hub.run)
         await nursery.start(router.run)
         stop_accepting = trio.Event()
-        server_config = _hypercorn_config(listen, config)
+        server_config = _hypercorn_config(listen, lambda: router.config)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             try:
                 binds = await nursery.start(
@@ -261,7 +262,6 @@ async def serve(
                 stop_accepting.set()
                 await router.shutdown(grace=router.config.unload_timeout)
                 await _end_live_streams(hub, logs)
-                abandon_writes(server_config)  # to clients that do not read
                 nursery.cancel_scope.cancel(reason="shut down")
 
             # Signals stay handled until the end: one arriving during the shutdown must
@@ -278,7 +278,6 @@ async def serve(
                     )
                     hurried = True
                     router.hurry()
-                    abandon_writes(server_config)
                     nursery.cancel_scope.cancel(reason="stopped at once")
                 elif stopping:
                     logger.info("received %s: already shutting down", name)

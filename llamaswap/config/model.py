@@ -75,6 +75,7 @@ EVICT_COST = Bounds(1, 1_000_000, "a cost")
 FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 #: At least 1 ms: the serial scheduler counts aging in integer nanoseconds.
 AGING_DIVISOR = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no aging")
+CLIENT_WRITE_TIMEOUT = Bounds(1, 3_600, "a duration", "seconds", "1 hour", zero="no limit")
 STORE_MAX_ROWS = Bounds(1, 10_000_000, "a number of records")
 STORE_MAX_AGE = Bounds(60, 315_360_000, "a duration", "seconds", "1 minute to 3650 days")
 
@@ -323,6 +324,9 @@ class Config:
     send_loading_state: bool = False
     include_aliases_in_list: bool = False
     max_body_bytes: int = attrs.field(default=33_554_432, metadata=within(MAX_BODY_BYTES))
+    #: Seconds a write to a client may wait without progress before its connection is
+    #: closed (a client that stopped reading); 0: no limit.
+    client_write_timeout: float = attrs.field(default=60.0, metadata=within(CLIENT_WRITE_TIMEOUT))
     macros: Mapping[str, str] = attrs.field(factory=dict)
     routing: Routing = Routing()
     hooks: Hooks = Hooks()

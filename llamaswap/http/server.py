@@ -39,11 +39,12 @@ what a client sees; the others make a small request more than a quarter cheaper
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import math
-import weakref
+import typing
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, final
 
 import h11
 import hypercorn.config
@@ -56,13 +57,16 @@ import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.task_group import _handle
 
-from llamaswap.errors import BadRequest, HeadTooLarge, RequestError
+from llamaswap.config.model import MAX_BODY_BYTES, Config
+from llamaswap.errors import BadRequest, BodyTooLarge, HeadTooLarge, RequestError
 
 from .asgi import CLIENT_LEFT_EXTENSION, ClientLeft, Inbox
 from .client import send_now
 from .errors import error_response
 
-__all__ = ["H11Protocol", "IdleTimer", "TCPServer", "TaskGroup", "abandon_writes"]
+__all__ = ["H11Protocol", "IdleTimer", "ServerConfig", "TCPServer", "TaskGroup", "install"]
+
+logger = logging.getLogger("llamaswap.http")
 
 
 class IdleTimer:
@@ -162,9 +166,34 @@ async def _put(
         await channel.send(message)
 
 
+@final
+class ServerConfig(hypercorn.config.Config):
+    """hypercorn's settings, with what llamaswap's connections read of its own config:
+    ``current()`` returns the config in force (a reload applies at once)."""
+
+    def __init__(self, current: Callable[[], Config]) -> None:
+        super().__init__()
+        self.current = current
+
+
+def _limits(config: hypercorn.config.Config) -> Config:
+    """llamaswap's config in force for ``config``'s connections (the defaults under a
+    plain hypercorn ``Config``, as in tests of the handler alone)."""
+    return config.current() if isinstance(config, ServerConfig) else _UNLIMITED
+
+
+#: No client write timeout, no body limit.
+_UNLIMITED = Config(client_write_timeout=0.0, max_body_bytes=int(MAX_BODY_BYTES.high))
+
+
+class _Stalled(Exception):
+    """A write waited ``clientWriteTimeout`` for a client that read nothing."""
+
+
 class TCPServer(hypercorn.trio.tcp_server.TCPServer):
     """hypercorn's handler of one connection, with :class:`IdleTimer` as its idle timer,
-    which stops once nothing more can be read."""
+    which stops once nothing more can be read; whose writes a cancellation reaches and
+    ``clientWriteTimeout`` bounds; and whose failure ends it alone, never the server."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -173,17 +202,35 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             self.context.terminated,
             self._initiate_server_close,
         )
-        self._shield = True
-        self._writing: trio.CancelScope | None = None
-        _OPEN.add(self)
+
+    async def run(self) -> None:
+        """hypercorn's, where an error of llamaswap's or hypercorn's in this connection's
+        handling is logged once and ends this connection only: uncaught, it unwound the
+        whole server (one HTTP/2 client's burst of streams did)."""
+        try:
+            await super().run()
+        except BaseException as exc:
+            failed, rest = _split_errors(exc)
+            if failed is not None:
+                logger.error(
+                    "a connection from %s failed (it is closed; the server goes on)",
+                    _peer(self.stream),
+                    exc_info=failed,
+                )
+            if rest is not None:
+                raise rest from None
 
     async def protocol_send(self, event: Event) -> None:
         """hypercorn's, without trips through Trio's scheduler that wait for nothing: the
         empty write that ends an answer of known length, and the write itself when the
         kernel takes it all at once (``send_now``; Trio waits only for what it did not
         take). The send lock (it keeps two writers' bytes apart) is taken only to wait.
-        A write that waits is shielded from cancellation, as hypercorn's are (none is cut
-        in half), until :meth:`abandon_writes`."""
+
+        **A write that waits is cancelled with the task that makes it** (its client left,
+        an operator cancelled it, its model was unloaded, the shutdown's last cancel), and
+        gives up after ``clientWriteTimeout`` without progress: either way the connection is
+        closed at once, since an answer cut short cannot be followed by another. (hypercorn
+        shielded every write, so a client that did not read held its request for good.)"""
         if not isinstance(event, RawData):
             await super().protocol_send(event)
             return
@@ -203,21 +250,32 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
                     return
                 self.send_lock.acquire_nowait()
             try:
-                with trio.CancelScope(shield=self._shield) as self._writing:
-                    await stream.send_all(memoryview(data)[sent:])
+                await _send_rest(stream, memoryview(data)[sent:], self._write_timeout())
             finally:
-                self._writing = None
                 self.send_lock.release()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             await self.protocol.handle(Closed())
+        except _Stalled:
+            logger.info(
+                "client %s read nothing for %g s (clientWriteTimeout): its connection is closed",
+                _peer(stream),
+                self._write_timeout(),
+            )
+            await trio.aclose_forcefully(stream)
+            await self.protocol.handle(Closed())
+        except BaseException:  # cancelled: what was written may end mid-answer
+            await trio.aclose_forcefully(stream)
+            raise
 
-    def abandon_writes(self) -> None:
-        """From now on a write that waits is cancelled with the task that makes it, the
-        one waiting now too: the shutdown's last cancel must not wait for a client that
-        does not read."""
-        self._shield = False
-        if self._writing is not None:
-            self._writing.shield = False
+    def _write_timeout(self) -> float:
+        return _limits(self.config).client_write_timeout or math.inf
+
+    async def _close(self) -> None:
+        """hypercorn's, shielded: a cancellation at its first checkpoint (the EOF's) left the
+        socket open, and a client told ``Connection: close`` waited for an end that never
+        came (an unload racing the end of an answer)."""
+        with trio.CancelScope(shield=True):
+            await super()._close()
 
     async def _read_data(self) -> None:
         timer: IdleTimer = self.idle_task  # type: ignore[assignment]
@@ -228,32 +286,109 @@ class TCPServer(hypercorn.trio.tcp_server.TCPServer):
             timer.end()
 
 
-#: Every connection being served, for :func:`abandon_writes`.
-_OPEN: weakref.WeakSet[TCPServer] = weakref.WeakSet()
+async def _send_rest(stream: trio.abc.Stream, data: memoryview, patience: float) -> None:
+    """Write ``data``, waiting at most ``patience`` seconds for each bit of progress.
+
+    Raises:
+        _Stalled: the client took nothing for ``patience`` seconds.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        with trio.move_on_after(patience) as waited:
+            await stream.send_all(data)
+        if waited.cancelled_caught:
+            raise _Stalled
+        return
+    sock = stream.socket
+    while data:
+        with trio.move_on_after(patience) as waited:
+            sent = await sock.send(data)
+        if waited.cancelled_caught:
+            raise _Stalled
+        data = data[sent:]
 
 
-def abandon_writes(config: hypercorn.config.Config) -> None:
-    """Let the shutdown's last cancel reach every write of the server that ``config``
-    configures (:meth:`TCPServer.abandon_writes`): a write waiting for a client that does
-    not read would hold the process until that client leaves."""
-    for server in list(_OPEN):
-        if server.config is config:
-            server.abandon_writes()
+def _split_errors(
+    exc: BaseException,
+) -> tuple[BaseException | None, BaseException | None]:
+    """``exc`` as the errors in it (``Exception``) and the rest (a cancellation, a
+    KeyboardInterrupt), either None where there is none."""
+    split = getattr(exc, "split", None)  # an exception group's (Python 3.10: the backport's)
+    if split is not None:
+        return typing.cast("tuple[BaseException | None, BaseException | None]", split(Exception))
+    return (exc, None) if isinstance(exc, Exception) else (None, exc)
+
+
+def _peer(stream: object) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return "(unknown)"
+    return f"{host}:{port}"
 
 
 class _Connection(h11.Connection):
     """h11's server side, on which hypercorn says ``100 Continue`` only once the
-    application has asked for the body (``body_wanted``)."""
+    application has asked for the body (``body_wanted``), and which refuses, as h11
+    refuses what it cannot read (``h11.RemoteProtocolError``, answered by hypercorn before
+    the connection closes), a request that h11 would take:
 
-    body_wanted = False
+    * one with both ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 §6.1: a front
+      proxy reading the length sees one request where llamaswap would see two);
+    * HTTP/2's prior-knowledge preface (``PRI * HTTP/2.0``): llamaswap speaks HTTP/1.1;
+    * a chunk announced larger than what is left of ``max_body_bytes``, at its size line.
+
+    ``refusal`` is the error that the answer then says.
+    """
+
+    def __init__(self, *, max_incomplete_event_size: int, max_body_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_incomplete_event_size)
+        self.max_body_bytes = max_body_bytes
+        self.body_wanted = False
+        self.refusal: RequestError | None = None
+        self._received = 0  # body bytes of this request so far
 
     @property
     def they_are_waiting_for_100_continue(self) -> bool:
         return self.body_wanted and super().they_are_waiting_for_100_continue
 
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.refusal = BadRequest(f"the request is not valid HTTP/1.1: {exc}")
+            raise
+        if isinstance(event, h11.Data):
+            self._received += len(event.data)
+        elif isinstance(event, h11.Request):
+            self._check(event)
+        # h11 has read the size line of a chunk whose data it has not all handed over.
+        announced = getattr(self._reader, "_bytes_in_chunk", 0)
+        if announced and self._received + announced > self.max_body_bytes:
+            self._refuse(BodyTooLarge(self.max_body_bytes), 413)
+        return event
+
+    def _check(self, request: h11.Request) -> None:
+        if request.method == b"PRI" and request.http_version == b"2.0":
+            self._refuse(
+                BadRequest("llamaswap speaks HTTP/1.1 only: send HTTP/1.1 requests, not HTTP/2")
+            )
+        names = {name for name, _ in request.headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            self._refuse(
+                BadRequest(
+                    "the request has both Content-Length and Transfer-Encoding "
+                    "(RFC 9112 §6.1): send one"
+                )
+            )
+
+    def _refuse(self, error: RequestError, status: int = 400) -> typing.NoReturn:
+        self.refusal = error
+        raise h11.RemoteProtocolError(str(error), error_status_hint=status)
+
     def start_next_cycle(self) -> None:
         super().start_next_cycle()
         self.body_wanted = False
+        self._received = 0
 
 
 class H11Protocol(hypercorn.protocol.h11.H11Protocol):
@@ -264,7 +399,8 @@ class H11Protocol(hypercorn.protocol.h11.H11Protocol):
     def __init__(self, app: hypercorn.typing.AppWrapper, *args: Any, **kwargs: Any) -> None:
         super().__init__(partial(self._call, app), *args, **kwargs)
         self.connection = _Connection(
-            h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size
+            max_incomplete_event_size=self.config.h11_max_incomplete_size,
+            max_body_bytes=_limits(self.config).max_body_bytes,
         )
 
     async def _call(
@@ -293,20 +429,30 @@ class H11Protocol(hypercorn.protocol.h11.H11Protocol):
                 )
         return await receive()
 
+    async def _check_protocol(self, event: h11.Request) -> None:
+        """Nothing: llamaswap speaks HTTP/1.1 only (no route or edge rule of its own would
+        apply on HTTP/2). ``Upgrade: h2c`` is ignored, as a server may (RFC 9110 §7.8); the
+        prior-knowledge preface is refused (``_Connection``)."""
+
     async def _send_error_response(self, status_code: int) -> None:
-        """hypercorn's answer to a request h11 cannot read (``status_code``: h11's hint,
-        431 for a head too large, else 400), with llamaswap's JSON error body; the
-        connection closes after it, as hypercorn's did."""
+        """hypercorn's answer to a request that is refused as it is read (``status_code``:
+        h11's hint), with llamaswap's JSON error body; the connection closes after it, as
+        hypercorn's did. A head too large is 431, what ``_Connection`` refuses says why,
+        anything else h11 cannot read is a 400 (h11's hint for a transfer coding other
+        than chunked is 501, but the request is at fault)."""
+        connection = self.connection
         error: RequestError
         if status_code == 431:
             error = HeadTooLarge(self.config.h11_max_incomplete_size)
+        elif isinstance(connection, _Connection) and connection.refusal is not None:
+            error = connection.refusal
         else:
             error = BadRequest("the request is not valid HTTP/1.1")
-        _, headers, body = error_response(error)
+        status, headers, body = error_response(error)
         fields = [(name.encode(), value.encode()) for name, value in headers]
         fields += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
         fields += self.config.response_headers("h11")
-        await self._send_h11_event(h11.Response(status_code=status_code, headers=fields))
+        await self._send_h11_event(h11.Response(status_code=status, headers=fields))
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 

@@ -26,19 +26,20 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, cast
 
+import httpx
 import hypercorn.config
 import hypercorn.trio
 import pytest
 import trio
 import trio.testing
 from hypercorn.app_wrappers import ASGIWrapper
-from hypercorn.trio.worker_context import EventWrapper
+from hypercorn.trio.worker_context import EventWrapper, WorkerContext
 from hypercorn.typing import HTTPDisconnectEvent, HTTPRequestEvent, HTTPScope
 
 from llamaswap.http import client as upstream
 from llamaswap.http.asgi import CLIENT_LEFT_EXTENSION
 from llamaswap.http.client import _READ, _Connection, receive_now, send_now
-from llamaswap.http.server import IdleTimer, TaskGroup, abandon_writes, install
+from llamaswap.http.server import H11Protocol, IdleTimer, TaskGroup, TCPServer, install
 
 TIMEOUT = 75.0
 
@@ -295,10 +296,10 @@ async def test_an_answer_larger_than_the_buffers_reaches_a_client_that_reads_lat
             nursery.cancel_scope.cancel()
 
 
-async def test_the_last_cancel_ends_a_write_to_a_client_that_does_not_read() -> None:
+async def test_a_cancel_ends_a_write_to_a_client_that_does_not_read() -> None:
     """hypercorn shields a write from cancellation (so that none is cut in half): with a
-    client that never reads, cancelling the server waited for that client for good.
-    ``abandon_writes`` before the last cancel lets that cancel end the write."""
+    client that never reads, cancelling the server waited for that client for good. The
+    cancel reaches the write, and the connection, its answer cut short, is closed."""
     app = answering(b"x" * (32 << 20))  # more than any socket buffers hold
     config = local_config()
     client = trio.socket.socket()
@@ -317,7 +318,6 @@ async def test_the_last_cancel_ends_a_write_to_a_client_that_does_not_read() -> 
                 await client.connect(("127.0.0.1", int(binds[0].rsplit(":", 1)[1])))
                 await client.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
                 await trio.testing.wait_all_tasks_blocked()  # the write waits for the client
-                abandon_writes(config)
                 nursery.cancel_scope.cancel()
             guarded.cancel_scope.cancel()
         assert client.fileno() != -1, "the server ended only when its client left"
@@ -417,3 +417,52 @@ async def test_a_closed_connections_read_says_so_whichever_way_it_goes() -> None
             full.close()
             with pytest.raises(trio.ClosedResourceError):
                 await full.receive()
+
+
+async def test_a_connection_closed_by_a_cancelled_task_is_closed_all_the_same() -> None:
+    """hypercorn's close sends the EOF first, and the EOF's checkpoint raised a pending
+    cancellation before the socket was closed: after an unload's cancel raced the end of
+    an answer with ``Connection: close``, its client waited for an end that never came."""
+    ours, theirs = trio.socket.socketpair()
+    with theirs:
+        server = TCPServer(
+            ASGIWrapper(answering(b"")),
+            local_config(),
+            WorkerContext(None),
+            {},
+            trio.SocketStream(ours),
+        )
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await server._close()
+        assert ours.fileno() == -1
+        assert await theirs.recv(1) == b""
+
+
+async def test_a_failure_in_one_connection_ends_it_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error in the handling of one connection (llamaswap's or hypercorn's) unwound
+    hypercorn's serve(): the process exited with everything in flight. It is logged once
+    and closes that connection; the server serves the next."""
+
+    async def broken(self: H11Protocol, event: object) -> None:
+        if b"/boom" in getattr(event, "target", b""):
+            raise RuntimeError("a bug")
+
+    monkeypatch.setattr(H11Protocol, "_check_protocol", broken)
+    config = local_config()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn.trio.serve, answering(b"ok"), config))
+            host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+            failing = await trio.open_tcp_stream(host, int(port))
+            async with failing:
+                await failing.send_all(b"GET /boom HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert await failing.receive_some(1) == b""  # closed, unanswered
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"{binds[0]}/fine")).content == b"ok"
+            nursery.cancel_scope.cancel()
+    failures = [r for r in caplog.records if "failed (it is closed" in r.getMessage()]
+    assert len(failures) == 1
+    assert failures[0].exc_info is not None
