@@ -12,7 +12,10 @@ What it keeps of httpcore's habits, as rules:
 * A connection goes back to the pool only when both sides finished the exchange cleanly
   (h11 says DONE for both, no write failed, the server did not say ``Connection: close``);
   anything else (an error, a cancellation anywhere, a response not read to its end) closes
-  it at once.
+  it at once. So does anything at all after the answer's end (a second answer to one
+  request, buggy or hostile: the next client would get it): what h11, the chunked
+  decoder or the TLS layer read beyond it at the checkin, and what reached the socket
+  since, polled at the checkout (the moment of reuse).
 * Idle connections are bounded by age (``timeouts.idleConn``, by default 4 s: below the
   5 s keep-alive of llama-server's cpp-httplib, hypercorn and uvicorn) and by count
   (``max_idle_per_origin``, the oldest go first). Expired ones are closed, not just
@@ -125,6 +128,7 @@ class _Connection:
     def __init__(self, stream: trio.abc.Stream, tcp: trio.SocketStream) -> None:
         self.stream = stream
         self._tcp = tcp
+        self._tls = stream if isinstance(stream, trio.SSLStream) else None
         self.h11 = _h11_client()
         self.idle_until = 0.0  # when an idle connection expires (trio time)
         self.written = 0  # bytes of this exchange the socket took (TLS: every byte tried)
@@ -188,10 +192,17 @@ class _Connection:
             self.broken = True
 
     def reusable(self) -> bool:
+        """Whether the exchange ended cleanly with nothing read beyond the answer's end.
+
+        Bytes after it were never asked for (a second answer to one request, from a buggy
+        or hostile server): the next request's answer would be them, so the connection
+        closes. Here: what h11 or ``_Chunked`` holds, and over TLS what the TLS layer read
+        ahead; what reaches the socket later, ``stale()`` sees at the next checkout."""
+        if self._tls is not None and _read_ahead(self._tls):
+            return False
         state = self.h11
         if self.broken or self.recycled:
             return not self.broken
-        # Bytes after the answer's end were never asked for: the next answer would be them.
         return state.our_state is state.their_state is h11.DONE and not state.trailing_data[0]
 
     def start_next_cycle(self) -> None:
@@ -201,7 +212,9 @@ class _Connection:
         self.written = 0
 
     def stale(self) -> bool:
-        """Whether the server closed this idle connection (it is readable: EOF or junk)."""
+        """Whether anything arrived on this idle connection since its answer's end (it is
+        readable): the server closed it (EOF), or sent what nobody asked for. Checked as
+        it is taken for a request, the moment of reuse."""
         poll = select.poll()
         poll.register(self._tcp.socket.fileno(), select.POLLIN)
         return bool(poll.poll(0))
@@ -245,6 +258,22 @@ def _open_descriptor(socket: trio.socket.SocketType) -> int:
     if fd < 0:
         raise trio.ClosedResourceError("the socket was closed")
     return fd
+
+
+def _read_ahead(tls: trio.SSLStream[trio.SocketStream]) -> int:
+    """The bytes trio's TLS layer holds that nobody has read yet.
+
+    trio reads the socket a buffer at a time and decrypts one TLS record per read: a
+    record sent after the answer's last one (a second answer, written separately) can
+    wait there, where no poll of the socket sees it. trio has no public name for that
+    buffer; without it (a trio that renamed it) no TLS connection is reused, which
+    the keep-alive tests would show.
+    """
+    incoming = getattr(tls, "_incoming", None)
+    if not isinstance(incoming, ssl.MemoryBIO):
+        return 1
+    pending: int = tls.pending()  # decrypted, not yet read
+    return pending + incoming.pending
 
 
 def _h11_client() -> h11.Connection:

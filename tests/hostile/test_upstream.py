@@ -1,0 +1,161 @@
+"""Hostile model servers (and clients) on the proxy's upstream side, on real sockets.
+
+A model server or peer is trusted to run a model, not to speak HTTP correctly. These tests
+are the ways one that does not could give a client another client's answer, or be reached
+where it should not be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+import h11
+import pytest
+import trio
+import trustme
+
+from llamaswap.http.client import UpstreamPool
+from tests.e2e.harness import start_proxy, stop_proxy
+from tests.e2e.test_proxy import config
+from tests.e2e.test_upstream_pool import Peer, Script, get, start_server
+
+TIMINGS = ["one write", "two writes", "later"]
+
+
+def answer(body: bytes, *, chunked: bool) -> bytes:
+    if chunked:
+        size = b"%x" % len(body)
+        return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%s\r\n%s\r\n0\r\n\r\n" % (
+            size,
+            body,
+        )
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@contextlib.contextmanager
+def corked(stream: trio.abc.Stream) -> Iterator[None]:
+    """What is sent in the block leaves in one TCP segment: the client reads it at once."""
+    tcp = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    assert isinstance(tcp, trio.SocketStream)
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+    try:
+        yield
+    finally:
+        tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+
+@attrs.define
+class TwiceAnswering:
+    """A server that answers each request twice: its target, then ``stale <target>``.
+
+    ``one write``: both answers in one write (over TLS, one record). ``two writes``: two
+    writes (two TLS records) that arrive together. ``later``: the second once ``trigger``
+    is set, after the client has read the first. ``sent`` is set once it has gone.
+    """
+
+    timing: str
+    chunked: bool
+    trigger: trio.Event = attrs.Factory(trio.Event)
+    sent: trio.Event = attrs.Factory(trio.Event)
+
+    async def __call__(self, peer: Peer, index: int) -> None:
+        while (request := await peer.head()) is not None:
+            while not isinstance(await peer._next(), h11.EndOfMessage):
+                pass
+            first = answer(request.target, chunked=self.chunked)
+            extra = answer(b"stale " + request.target, chunked=self.chunked)
+            if self.timing == "one write":
+                await peer.stream.send_all(first + extra)
+            elif self.timing == "two writes":
+                with corked(peer.stream):
+                    await peer.stream.send_all(first)
+                    await peer.stream.send_all(extra)
+            else:
+                await peer.stream.send_all(first)
+                await self.trigger.wait()
+                await peer.stream.send_all(extra)
+            self.sent.set()
+            peer.h11 = h11.Connection(h11.SERVER)  # h11 would refuse to answer twice
+
+
+@attrs.frozen
+class Tls:
+    """A CA, and the server's side of TLS with a certificate for ``localhost``."""
+
+    ca: trustme.CA = attrs.Factory(trustme.CA)
+
+    def wrap(self) -> Callable[[trio.SocketStream], trio.abc.Stream]:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ca.issue_cert("localhost").configure_cert(context)
+        return lambda stream: trio.SSLStream(stream, context, server_side=True)
+
+    def trusting(self) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        self.ca.configure_trust(context)
+        return context
+
+
+async def start(nursery: trio.Nursery, script: Script, scheme: str, tls: Tls) -> str:
+    if scheme == "http":
+        return (await start_server(nursery, script)).url
+    server = await start_server(nursery, script, wrap=tls.wrap(), scheme=scheme, host="localhost")
+    return server.url
+
+
+async def readable(pool: UpstreamPool) -> None:
+    """Until every idle connection's socket has something to read."""
+    for idle in pool._idle.values():
+        for connection in idle:
+            await trio.lowlevel.wait_readable(connection._tcp.socket)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("timing", TIMINGS)
+async def test_a_second_answer_to_one_request_is_never_the_next_requests(
+    nursery: trio.Nursery, scheme: str, chunked: bool, timing: str
+) -> None:
+    """The connection is closed rather than reused, so each request gets its own answer
+    (over TLS, a record after the answer's last waits in the TLS layer's buffer, where
+    no poll of the socket sees it)."""
+    server = TwiceAnswering(timing, chunked)
+    tls = Tls()
+    url = await start(nursery, server, scheme, tls)
+    with trio.fail_after(10):
+        async with UpstreamPool(ssl_context=tls.trusting()) as pool:
+            assert await get(pool, url, "/first") == b"/first"
+            server.trigger.set()
+            await server.sent.wait()
+            if timing == "later":
+                await readable(pool)
+            assert await get(pool, url, "/second") == b"/second"
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("timing", TIMINGS)
+async def test_two_clients_in_turn_each_get_their_own_answer(
+    nursery: trio.Nursery, tmp_path: Path, scheme: str, chunked: bool, timing: str
+) -> None:
+    """Through the proxy, from a model server that answers every request twice."""
+    server = TwiceAnswering(timing, chunked)
+    tls = Tls()
+    url = await start(nursery, server, scheme, tls)
+    tls.ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    models = f'[models.m]\ncmd = "${{fake}}"\nproxy = "{url}"\ncheckEndpoint = "none"'
+    env = {"SSL_CERT_FILE": str(tmp_path / "ca.pem")}  # the pool's default context trusts it
+    proxy = await start_proxy(nursery, config(models), tmp_path, env=env)
+    try:
+        async with proxy.client() as client:
+            with trio.fail_after(30):
+                assert (await client.get("/upstream/m/first")).text == "/first"
+                server.trigger.set()
+                await server.sent.wait()
+                assert (await client.get("/upstream/m/second")).text == "/second"
+    finally:
+        await stop_proxy(proxy)
