@@ -9,6 +9,8 @@
     └── RequestError                answered to an HTTP client (status and body: proxy/errors.py)
         ├── BadRequest              400  body is not JSON, or names no model
         ├── Unauthorized            401  missing or wrong API key
+        ├── HostNotAllowed          403  the Host is not one llamaswap answers to (DNS rebinding)
+        ├── CrossSiteRequest        403  a page of another site (or a form) would change state
         ├── ModelNotFound           404  no model, alias or peer model by that name
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── RequestTimeout          408  the request body stopped arriving
@@ -42,6 +44,8 @@ __all__ = [
     "ConcurrencyLimit",
     "ConfigError",
     "ConfigProblem",
+    "CrossSiteRequest",
+    "HostNotAllowed",
     "InternalError",
     "LifelineError",
     "ListenError",
@@ -161,6 +165,28 @@ def _quoted_name(name: str) -> str:
     if len(name) <= QUOTED_NAME:
         return repr(name)
     return f"{name[:QUOTED_NAME] + '…'!r} ({len(name)} characters)"
+
+
+class HostNotAllowed(RequestError):
+    """The request's ``Host`` names neither the listen address, a loopback name, an IP
+    address nor a name in ``allowedHosts``: a page that rebinds its own name to this
+    machine (DNS rebinding) would otherwise be served as if it were llamaswap's."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        super().__init__(
+            f"the Host {_quoted_name(host)} is not a name llamaswap answers to; "
+            "if clients reach llamaswap by that name, add it to allowedHosts"
+        )
+
+
+class CrossSiteRequest(RequestError):
+    """A browser request that would change state and that another site's page (or a form
+    on one) could have sent. ``reason`` says what gave it away."""
+
+    def __init__(self, method: str, path: str, reason: str, hint: str) -> None:
+        self.reason = reason
+        super().__init__(f"{method} {_quoted_name(path)} refused: {reason}; {hint}")
 
 
 class ModelNotFound(RequestError):

@@ -332,8 +332,12 @@ class Config:
     hooks: Hooks = Hooks()
     peers: Mapping[str, PeerConfig] = attrs.field(factory=dict)
     store: StoreConfig | None = None
-    #: Origins whose browser pages may call llamaswap (CORS); ``"*"``: any.
+    #: Origins whose browser pages may call llamaswap (CORS); ``"*"``: any, on the
+    #: inference routes only (the management API answers only origins listed by name).
     cors_origins: tuple[str, ...] = ("*",)
+    #: Host names llamaswap answers to besides its listen address, loopback names and IP
+    #: addresses (``"*.example.org"``: any name under it); ``"*"``: any (proxy/site.py).
+    allowed_hosts: tuple[str, ...] = ()
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

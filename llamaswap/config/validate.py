@@ -9,6 +9,7 @@ so a user sees every problem in a single run of ``check-config``.
 from __future__ import annotations
 
 import logging
+import re
 import urllib.parse
 from collections.abc import Collection, Mapping, Sequence
 
@@ -85,6 +86,26 @@ def _check_top_level(config: Config, problems: list[Problem]) -> None:
         _check_api_key(api_key, ("apiKeys", index), problems)
     for index, origin in enumerate(config.cors_origins):
         _check_origin(origin, ("corsOrigins", index), problems)
+    for index, host in enumerate(config.allowed_hosts):
+        _check_host(host, ("allowedHosts", index), problems)
+
+
+#: A host name as a Host header carries it (letters, digits, ``-``, ``_``, dots), or an
+#: IPv6 address in brackets; ``*.`` before a name stands for any name under it.
+_HOST = re.compile(r"(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|\[[0-9A-Fa-f:.]+\]")
+
+
+def _check_host(host: str, path: Path, problems: list[Problem]) -> None:
+    """``"*"``, a host name (no scheme, port or path), or ``"*.name"``."""
+    if host == "*" or _HOST.fullmatch(host):
+        return
+    problems.append(
+        Problem(
+            path,
+            'expected a host name like "gpu-box.lan" (no scheme, port or path), '
+            f'"*.example.org" for the names under it, or "*", got {host!r}',
+        )
+    )
 
 
 def _check_origin(origin: str, path: Path, problems: list[Problem]) -> None:

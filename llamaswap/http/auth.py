@@ -1,4 +1,11 @@
-"""API keys (SPEC §8.2): Bearer, ``x-api-key``, or a Basic password; constant-time."""
+"""API keys (SPEC §8.2): Bearer, ``x-api-key``, or a Basic password; constant-time.
+
+A request presents a key in at most one ``Authorization`` and one ``x-api-key`` field.
+With two of either, which one counts is a choice nothing written makes, and two readers
+once made it differently: the management routes took the last ``x-api-key``, the
+proxied routes the first, so a request could pass one check and fail the other. Such a
+request is refused before any route reads it (:func:`credentials`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,31 @@ import binascii
 import hmac
 from collections.abc import Iterable, Mapping
 
-__all__ = ["authorized", "presented_key"]
+from llamaswap.errors import BadRequest
+
+__all__ = ["CREDENTIAL_FIELDS", "authorized", "credentials", "presented_key"]
+
+#: The request fields that carry an API key (lowercase).
+CREDENTIAL_FIELDS = (b"authorization", b"x-api-key")
+
+
+def credentials(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The credential fields of a request's raw ``headers``, by lowercase name.
+
+    Raises:
+        BadRequest: a credential field comes more than once.
+    """
+    found: dict[str, str] = {}
+    for name, value in headers:
+        lower = name.lower()
+        if lower in CREDENTIAL_FIELDS:
+            field = lower.decode("latin-1")
+            if field in found:
+                raise BadRequest(
+                    f"the request has more than one {field!r} field; send the API key once"
+                )
+            found[field] = value.decode("latin-1")
+    return found
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -8,7 +8,9 @@ models, load and unload. Routes receive finished services; no background task ru
 from __future__ import annotations
 
 import json
+import logging
 import time
+import urllib.parse
 from typing import Any, final
 
 import trio
@@ -25,6 +27,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
 
 from llamaswap.config.model import REQUEST_BODY_TIMEOUT
 from llamaswap.errors import (
@@ -36,7 +39,7 @@ from llamaswap.errors import (
     Unauthorized,
 )
 from llamaswap.http.asgi import Inbox, send_error
-from llamaswap.http.auth import authorized
+from llamaswap.http.auth import authorized, credentials
 from llamaswap.http.client import UpstreamPool
 from llamaswap.http.errors import error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -54,12 +57,14 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, live, routes, ui
+from . import cors, live, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .operations import client_address, model_status, register
 
 __all__ = ["Application", "create_app"]
+
+logger = logging.getLogger("llamaswap.proxy")
 
 
 @final
@@ -67,12 +72,18 @@ class Application:
     """The ASGI callable hypercorn serves."""
 
     def __init__(
-        self, quart: QuartTrio, forwarder: Forwarder, reloader: Reloader | None, router: Router
+        self,
+        quart: QuartTrio,
+        forwarder: Forwarder,
+        reloader: Reloader | None,
+        router: Router,
+        listen_host: str | None = None,
     ) -> None:
         self.router = router
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
+        self.listen_host = listen_host  # a name there is one clients use (proxy/site.py)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -101,8 +112,21 @@ class Application:
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # lifespan
             return
-        origins = self.router.config.cors_origins
-        if origins and cors.is_preflight(scope):
+        config = self.router.config
+        route = routes.route(scope)
+        inference = site.is_inference(scope["path"], proxied=route is not None)
+        refused = site.refusal(scope, config, self.listen_host, inference=inference)
+        if refused is None and config.api_keys:
+            try:
+                credentials(scope["headers"])  # one key field of each kind, for every route
+            except RequestError as exc:
+                refused = exc
+        if refused is not None:
+            logger.info("%s %s: %s", scope["method"], scope["path"], refused)
+            await send_error(send, refused)
+            return
+        origins = site.cors_origins(config, inference=inference)
+        if config.cors_origins and cors.is_preflight(scope):
             await cors.answer_preflight(origins, scope, send)  # no API key: browsers send none
             return
         send = cors.with_origin(origins, scope, send)
@@ -139,7 +163,6 @@ class Application:
             answered = answered or message["type"] == "http.response.start"
             await send(message)
 
-        route = routes.route(scope)
         if route is not None:
             await self.forwarder(route, scope, receive_body, send_answer)
         else:
@@ -225,6 +248,15 @@ class _QuartEdge:
             self._over = True
 
 
+def _relative_location(redirect: RequestRedirect) -> str:
+    """Where werkzeug's redirect goes, as a path only: its URL names the request's own
+    ``Host``, which would send the client wherever that said (an open redirect). The path
+    never starts with ``//`` (or ``/\\``), which a browser reads as another host."""
+    parts = urllib.parse.urlsplit(redirect.new_url)
+    path = "/" + parts.path.lstrip("/\\")
+    return f"{path}?{parts.query}" if parts.query else path
+
+
 def _json(document: Any) -> Response:
     return Response(json.dumps(document), content_type="application/json")
 
@@ -238,6 +270,7 @@ def create_app(
     logs: Logs | None = None,
     activity: ActivityLog | None = None,
     store: ActivityStore | None = None,
+    listen_host: str | None = None,
 ) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
 
@@ -246,7 +279,8 @@ def create_app(
     (``proxy/live.py``); without them, idle ones are made (no coalesced events).
     ``activity``: the log finished requests are recorded in (a new one by default);
     ``store``: the opened SQLite store that ``GET /api/activity`` reads as well (its
-    writer, listening to ``activity``, is ``serve()``'s).
+    writer, listening to ``activity``, is ``serve()``'s). ``listen_host``: the host of
+    the address served on; a name there is a ``Host`` requests may carry (proxy/site.py).
     """
     metrics = Metrics(router)
     router.add_listener(metrics.on_model_state)
@@ -291,16 +325,27 @@ def create_app(
         body = json.dumps({"error": {**error_body, "param": None}})
         headers = Headers(error.get_headers())  # a 405's Allow
         headers.remove("content-type")
+        if isinstance(error, RequestRedirect):
+            headers["location"] = _relative_location(error)
         return Response(body, status=status, headers=headers, content_type="application/json")
 
     @quart.before_request
     async def check_key() -> None:
-        headers = {name.lower(): value for name, value in request.headers.items()}
+        headers = credentials(request.scope["headers"])  # as the proxied routes read them
         # /health and the dashboard's own files (it must load to ask for a key) are
         # public; every request for data needs a key, the dashboard's included.
         public = request.path == "/health" or request.endpoint in ui.PUBLIC_ENDPOINTS
         if not public and not authorized(router.config.api_keys, headers):
             raise Unauthorized()
+
+    @quart.before_request
+    async def redirect_relative() -> Response | None:
+        # werkzeug redirects //v1//models to /v1/models. Quart answers such a redirect
+        # itself, without the error handlers, at an absolute URL built from the Host.
+        redirect = request.routing_exception
+        if isinstance(redirect, RequestRedirect):
+            return await answer_http_error(redirect)
+        return None
 
     @quart.get("/health")
     async def health() -> Response:
@@ -447,4 +492,5 @@ def create_app(
     register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
-    return Application(quart, Forwarder(router, pool, recorder), reloader, router)
+    forwarder = Forwarder(router, pool, recorder)
+    return Application(quart, forwarder, reloader, router, listen_host)

@@ -130,7 +130,11 @@ async def test_a_body_still_arriving_at_shutdown_is_answered_503(
     reaches the request)."""
     proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
     client = h11.Connection(h11.CLIENT)
-    fields = [("Host", "x"), ("Content-Type", "application/json"), ("Content-Length", "1000")]
+    fields = [
+        ("Host", "localhost"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", "1000"),
+    ]
     request = h11.Request(
         method="POST", target="/v1/chat/completions", headers=[*fields, ("Expect", "100-continue")]
     )
@@ -213,11 +217,15 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(
     ("request_bytes", "status", "code"),
     [
         (  # a head that never ends: refused however the server's reads split it
-            b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"x" * 200_000,
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"x" * 200_000,
             431,
             "request_head_too_large",
         ),
-        (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n", 400, "invalid_request"),
+        (
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nBad Header: x\r\n\r\n",
+            400,
+            "invalid_request",
+        ),
     ],
     ids=["head-too-large", "not-http"],
 )
@@ -240,7 +248,7 @@ async def test_a_request_h11_cannot_read_is_refused_with_a_json_error(
                 while chunk := await stream.receive_some():
                     answer += chunk
     client = h11.Connection(h11.CLIENT)
-    client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    client.send(h11.Request(method="GET", target="/", headers=[("Host", "localhost")]))
     client.send(h11.EndOfMessage())
     client.receive_data(answer)
     response = client.next_event()

@@ -39,7 +39,7 @@ def http_scope(method: str, path: str, told: ClientLeft | None = None) -> dict[s
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"llamaswap")],
+        "headers": [(b"host", b"localhost")],
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8080),
         "extensions": extensions,

@@ -84,17 +84,17 @@ async def all_output(proxy: ProxyProcess) -> str:
     [
         pytest.param(b"GET /health HTTP/1.0\r\n\r\n", b"200", id="http-1.0"),
         pytest.param(
-            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
             b"200",
             id="connection-close",
         ),
         pytest.param(
-            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
             b"200",
             id="connection-close-models",
         ),
         pytest.param(
-            b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n123456789",
+            b"POST /nope HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n123456789",
             b"404",
             id="body-not-waited-for",
         ),
@@ -116,7 +116,7 @@ async def test_a_kept_alive_connection_idle_after_management_answers_is_closed(
     short_bounds_proxy: StartProxy,
 ) -> None:
     proxy = await short_bounds_proxy(ONE_MODEL)
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
     async with await connect(proxy) as stream:
         with trio.fail_after(10 * BOUND):
             await stream.send_all(request)
@@ -133,9 +133,9 @@ async def test_a_kept_alive_connection_idle_after_management_answers_is_closed(
 @pytest.mark.parametrize(
     ("request_bytes", "status"),
     [
-        pytest.param(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 200, id="management"),
+        pytest.param(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n", 200, id="management"),
         pytest.param(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 17\r\n\r\n"
             b'{"model": "nope"}',
             404,
             id="proxied",
@@ -187,7 +187,7 @@ async def test_a_client_that_leaves_after_expect_100_continue_logs_no_error(
         for request_line in EXPECTING:
             async with await connect(proxy) as stream:
                 await stream.send_all(
-                    request_line + b" HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                    request_line + b" HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
                     b"Content-Length: 5\r\n\r\n"
                 )
                 await stream.send_eof()  # gone before the body: the server reads EOF
@@ -206,14 +206,14 @@ async def test_head_of_a_management_route_ends_after_the_headers(
     target = path.encode()
     async with await connect(proxy) as stream:
         with trio.fail_after(PROMPTLY):
-            await stream.send_all(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.send_all(b"GET " + target + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
             get_head, _ = await read_head(stream)  # a stream's body never ends: not read
     async with await connect(proxy) as stream:
         with trio.fail_after(PROMPTLY):
-            await stream.send_all(b"HEAD " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.send_all(b"HEAD " + target + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
             head, rest = await read_head(stream)
             # The same connection serves the next request: the HEAD answer has ended.
-            await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             rest = await read_health(stream, rest)  # no body bytes came before it
         assert rest == b""
     assert head.startswith(b"HTTP/1.1 200 "), head
@@ -244,7 +244,7 @@ async def test_at_shutdown_an_idle_kept_alive_connection_closes_at_once(
         await streaming.wait()
     async with await connect(proxy) as idle:
         with trio.fail_after(PROMPTLY):
-            await idle.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            await idle.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             rest = await read_health(idle)
             proxy.process.send_signal(signal.SIGTERM)
             rest += await read_to_end(idle)

@@ -186,7 +186,7 @@ async def test_a_client_that_waits_for_100_continue_is_refused_before_it_sends_i
     client = h11.Connection(h11.CLIENT)
 
     def request(length: int) -> bytes:
-        fields = [("Host", "x"), ("Content-Type", "application/json")]
+        fields = [("Host", "localhost"), ("Content-Type", "application/json")]
         fields += [("Content-Length", str(length)), ("Expect", "100-continue")]
         return (
             client.send(h11.Request(method="POST", target="/v1/chat/completions", headers=fields))
