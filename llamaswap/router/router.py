@@ -34,7 +34,13 @@ from typing import Any, final
 import trio
 
 from llamaswap.config.model import Config, ModelConfig
-from llamaswap.errors import InternalError, ModelUnloaded, RequestError, ShuttingDown
+from llamaswap.errors import (
+    InternalError,
+    ModelUnloaded,
+    RequestError,
+    ShuttingDown,
+    only_cause,
+)
 from llamaswap.process import LogLine, ModelState, ModelSupervisor, Probe, Spawner, StateListener
 from llamaswap.schedulers import (
     CancelSwap,
@@ -273,7 +279,8 @@ class Router:
         """Wait until the lease's model may serve it; hold it while the block runs.
 
         ``while_waiting(lease)``, if given, runs while the request waits (it is cancelled
-        when the wait ends); it does not run for a request granted at once.
+        when the wait ends); it does not run for a request granted at once. A
+        RequestError it raises ends the wait and is raised as it is.
 
         Raises:
             ConcurrencyLimit: at once, before waiting, when the model is full.
@@ -353,13 +360,23 @@ class Router:
             await lease.wait()
             return
         failure: RequestError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(while_waiting, lease)
-            try:
-                await lease.wait()
-            except RequestError as exc:
-                failure = exc
-            nursery.cancel_scope.cancel(reason="the wait is over")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(while_waiting, lease)
+                try:
+                    await lease.wait()
+                except RequestError as exc:
+                    failure = exc
+                nursery.cancel_scope.cancel(reason="the wait is over")
+        except BaseException as exc:  # the nursery's ExceptionGroup
+            # ``while_waiting`` failing the request (a body read ahead that is over
+            # maxBodyBytes) fails it as the wait would, with a RequestError of its own:
+            # its callers catch that, not a group. Anything else, Cancelled included,
+            # leaves as the nursery made it.
+            error = only_cause(exc)
+            if isinstance(error, RequestError):
+                raise error from None
+            raise
         if failure is not None:
             raise failure
 

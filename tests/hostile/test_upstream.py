@@ -8,6 +8,7 @@ where it should not be.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import trio
 import trustme
 
 from llamaswap.http.client import UpstreamPool
+from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import start_proxy, stop_proxy
 from tests.e2e.test_proxy import config
 from tests.e2e.test_upstream_pool import Peer, Script, get, start_server
@@ -159,3 +161,55 @@ async def test_two_clients_in_turn_each_get_their_own_answer(
                 assert (await client.get("/upstream/m/second")).text == "/second"
     finally:
         await stop_proxy(proxy)
+
+
+async def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send ``request`` as it is on a new connection; what comes back until it closes."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        await stream.send_all(request)
+        received = b""
+        while chunk := await stream.receive_some():
+            received += chunk
+    return received
+
+
+def parse(answer: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The status, fields and body of the one response in ``answer``, read by h11."""
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="GET", target="/", headers=[(b"host", b"x")]))
+    client.send(h11.EndOfMessage())
+    client.receive_data(answer)
+    client.receive_data(b"")
+    head = client.next_event()
+    assert isinstance(head, h11.Response), head
+    body = b""
+    while isinstance(event := client.next_event(), h11.Data):
+        body += event.data
+    assert isinstance(event, h11.EndOfMessage), event
+    return head.status_code, list(head.headers), body
+
+
+async def test_a_chunked_upload_too_large_while_its_model_loads_gets_the_json_413(
+    proxy_factory: StartProxy,
+) -> None:
+    """The body is read ahead while the request waits for the load (``RequestBody.prefetch``
+    in ``Router.acquire``'s wait): its BodyTooLarge came out of the wait's nursery as an
+    ExceptionGroup, an empty 500 and a traceback. Then the connection closes (the rest of
+    the body is not read as a next request)."""
+    models = '[models.m]\ncmd = "${fake} --load-seconds 60"'
+    proxy = await proxy_factory(config(models, maxBodyBytes=1000))
+    head = (
+        b"POST /upstream/m/upload HTTP/1.1\r\nHost: localhost\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    chunks = b"c8\r\n" + b"x" * 200 + b"\r\n"  # 200 bytes
+    with trio.fail_after(30):
+        answer = await raw_exchange(proxy.url, head + chunks * 10 + b"0\r\n\r\n")
+    status, headers, body = parse(answer)
+    assert status == 413
+    assert (b"connection", b"close") in headers
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_too_large"
+    assert "1000 bytes" in error["message"]
+    assert not [line for line in proxy.output.lines if "Traceback" in line]
