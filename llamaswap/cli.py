@@ -17,8 +17,8 @@ from llamaswap._limits import raise_open_files_limit
 from llamaswap._serve import listen_address, serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
-from llamaswap.config.paths import did_you_mean, format_path
 from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
+from llamaswap.keypaths import did_you_mean, format_path
 from llamaswap.observability.logs import configure_console
 
 __all__ = ["check_config", "main", "missing_programs"]

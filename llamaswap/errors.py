@@ -6,7 +6,7 @@
     ├── ConfigError                 the configuration file is invalid (every problem at once)
     ├── LifelineError               the lifeline guard could not be started or reached
     ├── ListenError                 the address to serve on cannot be listened on
-    └── RequestError                answered to an HTTP client (status and body: proxy/errors.py)
+    └── RequestError                answered to an HTTP client (status and body: http/errors.py)
         ├── BadRequest              400  body is not JSON, or names no model
         ├── Unauthorized            401  missing or wrong API key
         ├── HostNotAllowed          403  the Host is not one llamaswap answers to (DNS rebinding)
@@ -37,6 +37,8 @@ import errno
 from collections.abc import Sequence
 
 import attrs
+
+from llamaswap.keypaths import format_path
 
 __all__ = [
     "BadRequest",
@@ -138,7 +140,7 @@ def only_cause(exc: BaseException) -> BaseException:
 
 
 class RequestError(LlamaSwapError):
-    """An error answered to an HTTP client; proxy/errors.py maps each class to a status."""
+    """An error answered to an HTTP client; http/errors.py maps each class to a status."""
 
 
 class BadRequest(RequestError):
@@ -234,8 +236,6 @@ class RequestTimeout(RequestError):
 
 def _key(*parts: str) -> str:
     """A config key path spelled as the config's own problems spell it (``models."a b".cmd``)."""
-    from llamaswap.config.paths import format_path  # the config package imports this module
-
     return format_path(parts)
 
 

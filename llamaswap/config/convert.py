@@ -25,8 +25,9 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn, override
 
+from llamaswap.keypaths import Path, Problem, did_you_mean, known_list, suggestion
+
 from .model import FilterConfig, LogLevel, LogToStdout, ModelConfig, toml_key
-from .paths import Path, Problem, did_you_mean, known_list, suggestion
 from .values import (
     Bounds,
     InvalidValue,

@@ -22,11 +22,12 @@ import cattrs
 import tomli
 from cattrs.errors import ClassValidationError
 
+from llamaswap.keypaths import Path, Problem, format_path, known_list
+
 from ..errors import ConfigError, ConfigProblem
 from .convert import make_converter, walk_error
 from .macros import PortProbe, expand_macros, port_free
 from .model import TTL, UNLOAD_TIMEOUT, Config
-from .paths import Path, Problem, format_path, known_list
 from .validate import validate
 from .values import InvalidValue, parse_bool, parse_duration_in
 

@@ -29,8 +29,9 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from llamaswap.keypaths import Path, Problem, did_you_mean, format_path
+
 from .model import DEFAULT_PROXY, DEFAULT_START_PORT
-from .paths import Path, Problem, did_you_mean, format_path
 from .values import EnvText, MacroValue, describe, scalar, without_comments
 
 __all__ = ["MAX_EXPANDED_LENGTH", "PortProbe", "expand_macros", "port_free"]

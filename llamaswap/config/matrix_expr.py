@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from .paths import suggestion
+from llamaswap.keypaths import suggestion
 
 __all__ = [
     "MAX_COMBINATIONS",

@@ -15,9 +15,10 @@ from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 
+from llamaswap.keypaths import Path, Problem, format_path, suggestion
+
 from .matrix_expr import check_sets
 from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config, ModelConfig
-from .paths import Path, Problem, format_path, suggestion
 from .values import number_text
 
 __all__ = ["NAME_RULE", "bad_name", "validate"]

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from .paths import Path, leaves
+from llamaswap.keypaths import Path, leaves
 
 __all__ = [
     "DURATION_HINT",

@@ -10,8 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import tomli
 
+from llamaswap.keypaths import Path, format_path, leaves
+
 from ..config import loads_config
-from ..config.paths import Path, format_path, leaves
 from ..errors import ConfigError
 
 __all__ = ["import_config"]

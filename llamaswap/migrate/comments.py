@@ -22,7 +22,7 @@ import attrs
 from ruamel.yaml.comments import CommentedBase, CommentedMap, CommentedSeq
 from ruamel.yaml.tokens import CommentToken
 
-from ..config.paths import Path
+from llamaswap.keypaths import Path
 
 __all__ = ["Comments", "find_comments"]
 

@@ -53,9 +53,10 @@ from ruamel.yaml.scalarbool import ScalarBoolean
 from tomlkit.container import Container
 from tomlkit.items import Array, Comment, Item, String, StringType, Table, Trivia
 
+from llamaswap.keypaths import Path, did_you_mean, format_path
+
 from ..config import model as schema
 from ..config.matrix_expr import And, MatrixExprError, Name, Node, Or, parse_expr
-from ..config.paths import Path, did_you_mean, format_path
 from ..config.validate import NAME_RULE, bad_name
 from ..config.values import InvalidValue, parse_command, without_comments
 from .comments import Comments, find_comments

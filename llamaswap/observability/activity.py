@@ -19,8 +19,8 @@ from typing import Any, final
 
 import attrs
 
-from llamaswap.config.paths import suggestion
 from llamaswap.errors import BadRequest
+from llamaswap.keypaths import suggestion
 from llamaswap.schedulers.priority import BANDS
 
 __all__ = [

@@ -24,8 +24,9 @@ from typing import final
 import attrs
 import trio
 
+from llamaswap.keypaths import format_path
+
 from ..config.model import ModelConfig
-from ..config.paths import format_path
 from ..errors import LifelineError, ModelStartFailed, ModelUnloaded, RequestError, output_tail
 from .health import Probe
 from .logring import LogRing

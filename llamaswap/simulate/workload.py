@@ -38,9 +38,9 @@ from llamaswap.config import Config
 from llamaswap.config.convert import make_converter, walk_error
 from llamaswap.config.load import parse_toml, read_text
 from llamaswap.config.model import within
-from llamaswap.config.paths import Path, Problem, format_path, suggestion
 from llamaswap.config.values import Bounds, InvalidValue, describe, scalar
 from llamaswap.errors import ConfigError, ConfigProblem
+from llamaswap.keypaths import Path, Problem, format_path, suggestion
 from llamaswap.schedulers.priority import priority_named
 
 __all__ = ["Job", "ModelTimes", "Workload", "jobs", "load_workload", "loads_workload"]

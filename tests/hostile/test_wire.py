@@ -188,7 +188,9 @@ async def test_an_operators_cancel_ends_a_request_whose_client_does_not_read(
         with trio.fail_after(20):
             stream = await not_reading(proxy.url)
             async with stream:
-                entries = await inflight_until(client, lambda e: e and e[0]["state"] == "serving")
+                entries = await inflight_until(
+                    client, lambda e: bool(e) and e[0]["state"] == "serving"
+                )
                 cancel = await client.post(f"/api/inflight/{entries[0]['id']}/cancel")
                 assert cancel.status_code == 200
                 await inflight_until(client, lambda entries: not entries)

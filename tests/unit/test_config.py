@@ -19,8 +19,8 @@ from llamaswap.config import (
     load_config,
     loads_config,
 )
-from llamaswap.config.paths import did_you_mean
 from llamaswap.errors import ConfigError
+from llamaswap.keypaths import did_you_mean
 
 
 def load(text: str, environ: Mapping[str, str] | None = None) -> Config:
