@@ -6,6 +6,9 @@ preflight itself, without asking for the API key (browsers never send one with i
 adds ``Access-Control-Allow-Origin`` to the answers of requests that carry an ``Origin``,
 in place of whatever a model server said. With ``corsOrigins = []`` llamaswap does
 neither: preflights are routed like any request, and answers pass unchanged.
+
+Which origins a route's answers name is ``site.cors_origins``'s decision (``"*"`` counts
+on the inference routes only); which requests are served at all, ``site.refusal``'s.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ def allow_origin(origins: Sequence[str], origin: bytes) -> bytes | None:
     """The ``Access-Control-Allow-Origin`` value for a request from ``origin``, if allowed."""
     if "*" in origins:
         return b"*"
-    return origin if origin.decode("latin-1") in origins else None
+    page = origin.decode("latin-1").lower()
+    listed = any(page == allowed.lower().removesuffix("/") for allowed in origins)
+    return origin if listed else None
 
 
 def is_preflight(scope: HTTPScope) -> bool:
