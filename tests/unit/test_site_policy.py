@@ -8,9 +8,11 @@ from collections.abc import Sequence
 import pytest
 from hypercorn.typing import ConnectionState, HTTPScope
 
+from llamaswap.config import loads_config
 from llamaswap.config.model import Config
 from llamaswap.errors import CrossSiteRequest, HostNotAllowed
 from llamaswap.proxy import cors, site
+from tests.unit.test_config_keys import problems_of
 
 DEFAULTS = Config()
 
@@ -165,3 +167,27 @@ def test_a_listed_origin_with_a_trailing_slash_is_named_in_cors_headers() -> Non
     """The config accepts ``"http://app.local/"``; the browser sends ``http://app.local``."""
     assert cors.allow_origin(("http://App.local/",), b"http://app.local") == b"http://app.local"
     assert cors.allow_origin(("http://app.local",), b"http://app.local.evil") is None
+
+
+def test_allowed_hosts_entries_are_host_names() -> None:
+    found = problems_of(
+        """
+        allowedHosts = [
+            "gpu-box.lan", "*.example.org", "*", "[::1]",
+            "http://gpu-box", "gpu-box:8080", "a/b", "",
+        ]
+        """
+    )
+    expected = (
+        'expected a host name like "gpu-box.lan" (no scheme, port or path), "*.example.org" '
+        'for the names under it, or "*", got '
+    )
+    assert found == {
+        "allowedHosts[4]": expected + "'http://gpu-box'",
+        "allowedHosts[5]": expected + "'gpu-box:8080'",
+        "allowedHosts[6]": expected + "'a/b'",
+        "allowedHosts[7]": expected + "''",
+    }
+    config = loads_config('allowedHosts = ["gpu-box.lan"]\n[models.m]\ncmd = "x ${PORT}"\n')
+    assert config.allowed_hosts == ("gpu-box.lan",)
+    assert Config().allowed_hosts == ()
