@@ -47,7 +47,8 @@ from llamaswap.observability import (
 )
 from llamaswap.process import HttpProbe, LogRing, ModelState, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
-from llamaswap.router import Router
+from llamaswap.router import Router, RouterEvent
+from llamaswap.router.events import ModelStateChanged
 
 __all__ = ["listen_address", "serve"]
 
@@ -139,15 +140,13 @@ async def _preload(router: Router, model: str) -> None:
         logger.warning("preloading %r failed: %s", model, exc)
 
 
-def _close_upstream_connections(
-    router: Router, pool: UpstreamPool, model: str, state: ModelState
-) -> None:
-    """A state listener: a model that stopped took its server with it, so the pool's idle
+def _close_upstream_connections(router: Router, pool: UpstreamPool, event: RouterEvent) -> None:
+    """A router observer: a model that stopped took its server with it, so the pool's idle
     connections to its address are closed. (With ``idleConn = 0`` nothing else would close
     them once that address is never used again: the model removed, or moved to another
     port; each would wait in CLOSE-WAIT for good.)"""
-    if state is ModelState.STOPPED:
-        address = router.supervisors[model].statistics().address
+    if isinstance(event, ModelStateChanged) and event.state is ModelState.STOPPED:
+        address = router.statistics(event.model).address
         if address is not None:
             pool.close_idle(address)
 
@@ -217,7 +216,7 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
-        router.add_listener(partial(_close_upstream_connections, router, pool))
+        router.observe(partial(_close_upstream_connections, router, pool))
         hub = EventHub()
         logs = Logs.of(own_log, router)
         app = create_app(

@@ -13,6 +13,7 @@ import trio
 
 from llamaswap.errors import RequestError
 from llamaswap.process import ModelState
+from llamaswap.router.events import DecisionApplied, ModelStateChanged, Observer, RouterEvent
 from llamaswap.schedulers.base import (
     CancelSwap,
     Decision,
@@ -162,6 +163,11 @@ class StateRecorder:
         self._changed.set()
         self._changed = trio.Event()
 
+    def observe(self, event: RouterEvent) -> None:
+        """The router's observer: its models' transitions."""
+        if isinstance(event, ModelStateChanged):
+            self(event.model, event.state)
+
     def states(self, model: str | None = None) -> list[ModelState]:
         return [s for m, s in self.history if model is None or m == model]
 
@@ -173,6 +179,16 @@ class StateRecorder:
             if any(s is state and (model is None or m == model) for m, s in self.history[seen:]):
                 return
             seen = len(self.history)
+
+
+def decisions_into(found: list[Decision]) -> Observer:
+    """A router observer that appends each decision applied to ``found``."""
+
+    def observe(event: RouterEvent) -> None:
+        if isinstance(event, DecisionApplied):
+            found.append(event.decision)
+
+    return observe
 
 
 @final

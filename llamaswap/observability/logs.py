@@ -29,6 +29,7 @@ import trio
 
 from llamaswap.process import LogLine, LogRing
 from llamaswap.process.supervisor import output_logger
+from llamaswap.router.events import ModelOutput, RouterEvent
 
 from .feed import Feed, Feeds
 from .throttle import throttle_accept_errors
@@ -208,7 +209,8 @@ async def capture_logs(ring: LogRing) -> AsyncIterator[RingHandler]:
 class Logs:
     """llamaswap's own log (``own``) and every model's output: their history is in their
     rings (``models()``, read each time, so it follows the configuration), and their new
-    lines come from ``own`` and ``model_line`` (``Logs.of`` has the router call it)."""
+    lines come from ``own`` and ``model_line`` (``Logs.of`` feeds it the router's
+    ``ModelOutput`` events)."""
 
     def __init__(
         self,
@@ -227,9 +229,14 @@ class Logs:
     @classmethod
     def of(cls, own: LogRing, router: Router) -> Logs:
         """The logs of ``own`` and of ``router``'s models, those a reload adds included."""
-        logs = cls(own, lambda: {m: s.log for m, s in router.supervisors.items()})
-        router.add_output_listener(logs.model_line)
+        logs = cls(own, router.log_rings)
+        router.observe(logs.on_event)
         return logs
+
+    def on_event(self, event: RouterEvent) -> None:
+        """A router event: a model's line is followed (a ``Router.observe`` observer)."""
+        if isinstance(event, ModelOutput):
+            self.model_line(event.model, event.line)
 
     def models(self) -> Mapping[str, LogRing]:
         return self._models()

@@ -16,7 +16,7 @@ not yet stopped, and peers; never for every model ever configured.**
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Protocol, TypeVar, cast, final
 
 import trio
@@ -25,7 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from llamaswap.process import ModelState, ModelSupervisor
+from llamaswap.process import ModelState, ModelStatistics
+from llamaswap.router.events import ModelForgotten, ModelStateChanged, RouterEvent
 from llamaswap.schedulers import Scheduler, SchedulerCounts
 from llamaswap.schedulers.priority import BANDS
 
@@ -49,8 +50,10 @@ class Source(Protocol):
     def retired_counts(self) -> SchedulerCounts:
         """The final counts of the schedulers a reload switched out."""
 
-    @property
-    def supervisors(self) -> Mapping[str, ModelSupervisor]: ...
+    def known_models(self) -> list[str]:
+        """Every configured model, and a removed one not yet forgotten."""
+
+    def statistics(self, model: str) -> ModelStatistics: ...
 
 
 @final
@@ -59,7 +62,7 @@ class Metrics:
 
     def __init__(self, source: Source) -> None:
         self.registry = CollectorRegistry()
-        self._supervisors = source.supervisors
+        self._source = source
         registry = self.registry
         self.requests = Counter(
             "llamaswap_requests", "Proxied requests by model and HTTP status.",
@@ -119,10 +122,17 @@ class Metrics:
 
     def knows(self, model: str) -> bool:
         """Whether the router has ``model`` (configured, or removed but not yet stopped)."""
-        return model in self._supervisors
+        return model in self._source.known_models()
+
+    def on_event(self, event: RouterEvent) -> None:
+        """The router's events that the metrics count (a ``Router.observe`` observer)."""
+        if isinstance(event, ModelStateChanged):
+            self.on_model_state(event.model, event.state)
+        elif isinstance(event, ModelForgotten):
+            self.forget(event.model)
 
     def forget(self, model: str) -> None:
-        """Drop every series of ``model``, which the router has forgotten (a listener)."""
+        """Drop every series of ``model``, which the router has forgotten."""
         for metric in self._by_model:
             metric.remove_by_labels({"model": model})
         self._series = {
@@ -133,9 +143,9 @@ class Metrics:
         self._starting.pop(model, None)
 
     def on_model_state(self, model: str, state: ModelState) -> None:
-        """Count loads from the supervisor's transitions (a state listener)."""
+        """Count loads from the supervisor's transitions."""
         now = trio.current_time()
-        failures = self._supervisors[model].statistics().start_failures
+        failures = self._source.statistics(model).start_failures
         if state is ModelState.STARTING:
             self._starting[model] = (now, failures)
             return
@@ -156,7 +166,7 @@ class Metrics:
             self.last_reload.set_to_current_time()
 
     def exposition(self) -> bytes:
-        for model in list(self._supervisors):  # a model's series from the first scrape on
+        for model in self._source.known_models():  # its series from the first scrape on
             self._declare(model)
         return generate_latest(self.registry)
 
@@ -215,8 +225,8 @@ class _Snapshots(Collector):
         in_flight = GaugeMetricFamily(
             "llamaswap_in_flight_requests", "Requests being served, by model.", labels=["model"]
         )
-        for model, supervisor in self._source.supervisors.items():
-            snapshot = supervisor.statistics()
+        for model in self._source.known_models():
+            snapshot = self._source.statistics(model)
             for state in ModelState:
                 states.add_metric([model, state.value], float(snapshot.state is state))
             in_flight.add_metric([model], snapshot.in_flight)

@@ -1,14 +1,14 @@
 """What the router does, as events on the hub: models, requests, the queue, activity.
 
-Everything here is derived from what the router already tells its listeners, in the
-order it happens:
+Everything here is derived from the router's one stream of events (``Router.observe``,
+``router/events.py``), in the order they happen:
 
-- ``model``: a supervisor's state change (``Router.add_listener``), with its PID; and
-  once more while a model starts, when its process runs (``add_spawn_listener``).
+- ``model``: a supervisor's state change (``ModelStateChanged``), with its PID; and
+  once more while a model starts, when its process runs (``ModelSpawned``).
 - ``request``: a request's lifecycle. ``queued`` at admission and ``done`` /
-  ``cancelled`` at release come from ``Router.add_request_listener``; ``loading``
-  (``JoinSwap``), ``serving`` (``Grant``) and ``failed`` (``Fail``, with the error) from
-  the scheduler's decisions as the router applies them (``add_decision_listener``). A
+  ``cancelled`` at release come from ``RequestChanged``; ``loading`` (``JoinSwap``),
+  ``serving`` (``Grant``) and ``failed`` (``Fail``, with the error) from the scheduler's
+  decisions as the router applies them (``DecisionApplied``). A
   scheduler decides in one synchronous step and the router applies its decisions in
   order, so **every request's events arrive in lifecycle order**: ``queued``, then
   ``loading`` if it waited for a load, then ``serving`` and ``done``, or ``failed`` or
@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from llamaswap.process import ModelState
+from llamaswap.router.events import (
+    DecisionApplied,
+    ModelSpawned,
+    ModelStateChanged,
+    RequestChanged,
+    RouterEvent,
+)
 from llamaswap.router.lease import Lease, RequestInfo, ticket_info
 from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket
 
@@ -62,11 +68,8 @@ class RouterEvents:
         self._last_queue: Event | None = None
 
     def connect(self) -> None:
-        """Listen to the router and the activity log (once, before ``Router.run``)."""
-        self._router.add_listener(self.on_model_state)
-        self._router.add_spawn_listener(self._publish_model)  # its PID, while it starts
-        self._router.add_decision_listener(self.on_decision)
-        self._router.add_request_listener(self.on_request)
+        """Follow the router and the activity log (once, before ``Router.run``)."""
+        self._router.observe(self.on_event)
         self._activity.add_listener(self.on_activity)
 
     # ---------------------------------------------------------------- events
@@ -88,8 +91,13 @@ class RouterEvents:
             "activity": [record.to_json() for record in self._activity.recent(SNAPSHOT_ACTIVITY)],
         }
 
-    def on_model_state(self, model: str, state: ModelState) -> None:
-        self._publish_model(model)
+    def on_event(self, event: RouterEvent) -> None:
+        if isinstance(event, ModelStateChanged | ModelSpawned):  # a spawn: its PID
+            self._publish_model(event.model)
+        elif isinstance(event, RequestChanged):
+            self.on_request(event.change, event.lease)
+        elif isinstance(event, DecisionApplied):
+            self.on_decision(event.decision)
 
     def on_request(self, event: str, lease: Lease) -> None:
         if not self._hub.active:
@@ -120,7 +128,7 @@ class RouterEvents:
             self._hub.publish({"type": "model", **self._model(model)})
 
     def _model(self, model: str) -> dict[str, Any]:
-        stats = self._router.supervisors[model].statistics()
+        stats = self._router.statistics(model)
         return {"model": model, "state": stats.state.value, "pid": stats.pid}
 
     def _queue_state(self) -> dict[str, Any]:

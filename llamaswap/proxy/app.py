@@ -283,8 +283,7 @@ def create_app(
     the address served on; a name there is a ``Host`` requests may carry (proxy/site.py).
     """
     metrics = Metrics(router)
-    router.add_listener(metrics.on_model_state)
-    router.add_forget_listener(metrics.forget)
+    router.observe(metrics.on_event)
     if hub is None:
         hub = EventHub()  # idle: its coalesced events are never sent
     reloader = None
@@ -361,11 +360,9 @@ def create_app(
             model_name, description, meta = qualified, "", {"peer": target.peer_id}
         else:
             model = router.config.models[target.model_id]  # the current config: names' own
-            supervisor = router.supervisors.get(target.model_id)
-            status = None
-            if supervisor is not None:
-                stats, ttl = supervisor.statistics(), supervisor.config.ttl
-                status = model_status(stats, ttl, now=now, wall_now=wall_now)
+            stats = router.statistics(target.model_id)
+            ttl = router.definition(target.model_id).ttl
+            status = model_status(stats, ttl, now=now, wall_now=wall_now)
             model_name = model.name or target.model_id
             description = model.description or ""
             meta = {**model.metadata, "llamaswap": status}
@@ -408,11 +405,11 @@ def create_app(
     @quart.get("/running")
     async def running() -> Response:
         entries = []
-        for model_id, supervisor in router.supervisors.items():
-            stats = supervisor.statistics()
+        for model_id in router.known_models():
+            stats = router.statistics(model_id)
             if stats.state.value == "stopped":
                 continue
-            model = supervisor.config
+            model = router.definition(model_id)
             entries.append(
                 {
                     "model": model_id,

@@ -369,7 +369,7 @@ class Forwarder:
                     await self._relay_messages(exchange, response, reply, upstream.translation)
         except UpstreamFailed as exc:
             if exchange.lease is not None:  # a local model: has its server died?
-                await self._router.supervisors[exchange.model].notice_exit()
+                await self._router.notice_exit(exchange.model)
             detail = f"broke off mid-response: {exc}" if exc.answered else str(exc)
             raise UpstreamError(exchange.model, detail) from exc
 

@@ -29,7 +29,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Set
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, final
+from typing import final
 
 import trio
 
@@ -41,7 +41,15 @@ from llamaswap.errors import (
     ShuttingDown,
     only_cause,
 )
-from llamaswap.process import LogLine, ModelState, ModelSupervisor, Probe, Spawner, StateListener
+from llamaswap.process import (
+    LogLine,
+    LogRing,
+    ModelState,
+    ModelStatistics,
+    ModelSupervisor,
+    Probe,
+    Spawner,
+)
 from llamaswap.schedulers import (
     CancelSwap,
     Decision,
@@ -56,6 +64,17 @@ from llamaswap.schedulers import (
     needs_slot,
 )
 
+from .events import (
+    DecisionApplied,
+    ModelForgotten,
+    ModelOutput,
+    ModelSpawned,
+    ModelStateChanged,
+    Observer,
+    RequestChange,
+    RequestChanged,
+    RouterEvent,
+)
 from .lease import Lease, Leases, LeaseState, RequestInfo
 from .names import Names
 from .reload import ConfigChanges, diff_config
@@ -70,18 +89,6 @@ CANCEL_GRACE = 2.0
 #: Why a reload's removed model stops, and its requests fail.
 REMOVED = "removed from the configuration"
 
-DecisionListener = Callable[[Decision], None]
-#: Told when a request is admitted ("queued") and released ("done" after a grant,
-#: "failed", "cancelled" while waiting), with its lease (``Lease.info`` is its snapshot,
-#: taken only by a listener that needs it: most requests have nobody watching).
-RequestListener = Callable[[str, Lease], None]
-#: Told of each line a model's server prints, with the model's ID.
-OutputListener = Callable[[str, LogLine], None]
-#: Told of each model whose server's process now runs (it is starting; its PID is known).
-SpawnListener = Callable[[str], None]
-#: Told of each model the router forgets (removed by a reload, and no longer needed).
-ForgetListener = Callable[[str], None]
-
 
 @final
 class Router:
@@ -91,8 +98,8 @@ class Router:
         config: the validated configuration.
         spawner: starts model processes.
         probe: readiness check.
-        listeners: also told of every model state change (metrics, events); more can
-            be added with ``add_listener`` before ``run``.
+        observers: told of everything the router does (``events.py``); more can be
+            added with ``observe`` before ``run``.
     """
 
     def __init__(
@@ -101,21 +108,16 @@ class Router:
         *,
         spawner: Spawner,
         probe: Probe,
-        listeners: Collection[StateListener] = (),
+        observers: Collection[Observer] = (),
     ) -> None:
         self.config = config
         self.names = Names(config)
         self._spawner = spawner
         self._probe = probe
-        self._listeners = list(listeners)
-        self._decision_listeners: list[DecisionListener] = []
-        self._request_listeners: list[RequestListener] = []
-        self._output_listeners: list[OutputListener] = []
-        self._spawn_listeners: list[SpawnListener] = []
-        self._forget_listeners: list[ForgetListener] = []
+        self._observers = list(observers)
         self._leases = Leases()
         #: Every configured model, and a removed one until it is forgotten (``_forget``).
-        self.supervisors = {
+        self._supervisors = {
             model_id: self._supervisor(model_id, model)
             for model_id, model in config.models.items()
         }
@@ -153,31 +155,40 @@ class Router:
         supervisor.log.subscribe(partial(self._on_output, model_id))
         return supervisor
 
-    def add_listener(self, listener: StateListener) -> None:
-        self._listeners.append(listener)
+    def observe(self, observer: Observer) -> None:
+        """``observer`` is told of everything the router does from now on (``events.py``);
+        it must not block or raise."""
+        self._observers.append(observer)
 
-    def add_decision_listener(self, listener: DecisionListener) -> None:
-        """``listener`` sees every decision as it is applied (events, tests)."""
-        self._decision_listeners.append(listener)
+    def _emit(self, event: RouterEvent) -> None:
+        for observer in self._observers:
+            observer(event)
 
-    def add_request_listener(self, listener: RequestListener) -> None:
-        """``listener`` is told of each admission and release (events); it must not raise."""
-        self._request_listeners.append(listener)
+    # --------------------------------------------------------------- queries
 
-    def add_output_listener(self, listener: OutputListener) -> None:
-        """``listener`` hears every model's output, line by line (live logs), that of the
-        models a reload adds too; it must not block or raise."""
-        self._output_listeners.append(listener)
+    def statistics(self, model: str) -> ModelStatistics:
+        """A snapshot of ``model``'s process (a configured model, or a removed one not yet
+        forgotten). Raises KeyError for any other name."""
+        return self._supervisors[model].statistics()
 
-    def add_spawn_listener(self, listener: SpawnListener) -> None:
-        """``listener`` is told of each model whose server's process now runs (its PID is
-        in ``supervisors[model].statistics()``); it must not block or raise."""
-        self._spawn_listeners.append(listener)
+    def definition(self, model: str) -> ModelConfig:
+        """The definition ``model``'s server runs with (a removed model keeps its last)."""
+        return self._supervisors[model].config
 
-    def add_forget_listener(self, listener: ForgetListener) -> None:
-        """``listener`` is told of each model the router forgets (gone from
-        ``supervisors``), to drop what it keeps for it; it must not raise."""
-        self._forget_listeners.append(listener)
+    def known_models(self) -> list[str]:
+        """Every configured model, and a removed one until it is forgotten."""
+        return list(self._supervisors)
+
+    def log_rings(self) -> dict[str, LogRing]:
+        """Each known model's output ring."""
+        return {model: supervisor.log for model, supervisor in self._supervisors.items()}
+
+    async def notice_exit(self, model: str) -> None:
+        """A connection to ``model``'s server broke: give its process a moment to show it
+        has died (``ModelSupervisor.notice_exit``), so that no request is sent to it."""
+        supervisor = self._supervisors.get(model)
+        if supervisor is not None:
+            await supervisor.notice_exit()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise every model until cancelled; cancelling stops them all."""
@@ -185,7 +196,7 @@ class Router:
         try:
             async with trio.open_nursery() as nursery:
                 self._supervisor_nursery = nursery
-                for model_id, supervisor in self.supervisors.items():
+                for model_id, supervisor in self._supervisors.items():
                     await self._start(model_id, supervisor)
                 # Cleared only once the swaps are over: while they unwind, the scheduler
                 # may still start one (it is cancelled at once, and reports back).
@@ -339,11 +350,10 @@ class Router:
             self._tell("done", lease)
             self._requests_changed(model)
             owner = self._take_owner(lease.ticket)
-            self._decide("a finished request", owner, owner.on_finish, lease.ticket)
+            self._decide("a finished request", owner, partial(owner.on_finish, lease.ticket))
             if owner is not self.scheduler:  # a model drained: the new one may go on
-                self._decide(
-                    "a finished request", self.scheduler, self.scheduler.on_finish, lease.ticket
-                )
+                on_finish = partial(self.scheduler.on_finish, lease.ticket)
+                self._decide("a finished request", self.scheduler, on_finish)
             self._forget_if_unneeded(model)  # a removed model's last straggler
         elif lease.state is LeaseState.FAILED:
             self._leases.release(lease)
@@ -394,17 +404,17 @@ class Router:
         """
         if models is None:
             running = self.running_models() | {swap.target for swap in self.swaps_in_progress()}
-            models = [model for model in self.supervisors if model in running]
+            models = [model for model in self._supervisors if model in running]
         targets = list(models)
         for scheduler in self._schedulers():
-            self._decide("unload", scheduler, scheduler.on_unload, targets)
+            self._decide("unload", scheduler, partial(scheduler.on_unload, targets))
         # The requests they serve end now, saying why (not as a model server broken off).
         for lease in self._leases:
             model = lease.ticket.model
             if lease.state is LeaseState.GRANTED and model in targets:
                 lease.cancel(ModelUnloaded(model, "unload requested", served=True))
         # A model forgotten since it was named is stopped already.
-        supervisors = [self.supervisors[m] for m in targets if m in self.supervisors]
+        supervisors = [self._supervisors[m] for m in targets if m in self._supervisors]
         # Now, not when the stop tasks first run: a request arriving in between would be
         # granted a model about to be killed under it.
         for supervisor in supervisors:
@@ -430,25 +440,28 @@ class Router:
         # config and names on, nothing awaits: no request sees a half-applied reload.
         # A removed model re-added before it was forgotten keeps its supervisor.
         for model_id in changes.added:
-            if model_id not in self.supervisors:
+            if model_id not in self._supervisors:
                 supervisor = self._supervisor(model_id, config.models[model_id])
                 await self._start(model_id, supervisor)
-                self.supervisors[model_id] = supervisor
+                self._supervisors[model_id] = supervisor
         self.config = config
         self.names = Names(config)
         for model_id, model in config.models.items():
-            supervisor = self.supervisors[model_id]
+            supervisor = self._supervisors[model_id]
             supervisor.update(model, health_check_timeout=config.health_check_timeout)
             if model_id in changes.restarted or model_id in changes.added:
                 supervisor.retire("its configuration changed", restart=True)  # if running
         for scheduler in self._schedulers() if changes.removed else ():
-            self._decide("reload", scheduler, scheduler.on_unload, changes.removed, REMOVED)
+            self._decide(
+                "reload", scheduler, partial(scheduler.on_unload, changes.removed, REMOVED)
+            )
         for model_id in changes.removed:
-            self.supervisors[model_id].retire(REMOVED, restart=False)
+            self._supervisors[model_id].retire(REMOVED, restart=False)
             self._forget_if_unneeded(model_id)  # stopped already, nothing in flight
         swapper = make_swapper(config)
         if config.routing.scheduler.use == self.scheduler.name:
-            self._decide("reload", self.scheduler, self.scheduler.on_reconfigure, config, swapper)
+            reconfigure = partial(self.scheduler.on_reconfigure, config, swapper)
+            self._decide("reload", self.scheduler, reconfigure)
         else:
             self._switch_scheduler(make_scheduler(config, self, swapper))
         return changes
@@ -472,7 +485,7 @@ class Router:
 
     def hurry(self) -> None:
         """Every model's stop, in progress or to come, kills its server at once."""
-        for supervisor in self.supervisors.values():
+        for supervisor in self._supervisors.values():
             supervisor.hurry()
 
     async def shutdown(self, grace: float) -> None:
@@ -484,7 +497,7 @@ class Router:
         """
         self.shutting_down = True
         for scheduler in self._schedulers():
-            self._decide("shutdown", scheduler, scheduler.on_shutdown, ShuttingDown())
+            self._decide("shutdown", scheduler, partial(scheduler.on_shutdown, ShuttingDown()))
         with trio.move_on_after(grace):
             await self._leases.drained()
         late = ShuttingDown(f"the request was still running after unloadTimeout ({grace:g}s)")
@@ -494,7 +507,7 @@ class Router:
         with trio.move_on_after(CANCEL_GRACE):
             await self._leases.drained()
         async with trio.open_nursery() as nursery:
-            for supervisor in self.supervisors.values():
+            for supervisor in self._supervisors.values():
                 nursery.start_soon(supervisor.stop, "shutting down")
 
     # ------------------------------------------------------------------ World
@@ -503,18 +516,18 @@ class Router:
         return trio.current_time()
 
     def model_state(self, model: str) -> ModelState:
-        return self.supervisors[model].state
+        return self._supervisors[model].state
 
     def shown_models(self) -> list[str]:
         """The models to show: every configured one, and a removed one until it stops."""
         return [
             model
-            for model, supervisor in self.supervisors.items()
+            for model, supervisor in self._supervisors.items()
             if model in self.config.models or supervisor.state is not ModelState.STOPPED
         ]
 
     def running_models(self) -> Set[str]:
-        return {m for m, s in self.supervisors.items() if s.state is not ModelState.STOPPED}
+        return {m for m, s in self._supervisors.items() if s.state is not ModelState.STOPPED}
 
     def in_flight(self, model: str) -> int:
         return self._leases.in_flight(model)
@@ -536,14 +549,14 @@ class Router:
         self,
         what: str,
         scheduler: Scheduler,
-        event: Callable[..., list[Decision]],
-        *args: Any,
+        event: Callable[[], list[Decision]],
+        *,
         concerned: Iterable[Ticket] = (),
     ) -> None:
-        """Run one scheduler event and apply its decisions; before it, the scheduler hears
-        every cancel it has not heard yet."""
+        """Run one scheduler event (``partial(scheduler.on_..., ...)``) and apply its
+        decisions; before it, the scheduler hears every cancel it has not heard yet."""
         self._catch_up()
-        self._run_event(what, scheduler, partial(event, *args), concerned)
+        self._run_event(what, scheduler, event, concerned)
         self._catch_up()
 
     def _catch_up(self) -> None:
@@ -597,12 +610,12 @@ class Router:
             elif isinstance(decision, CancelSwap):
                 logger.info("cancelling the load of %r: %s", decision.swap.target, decision.reason)
                 self._swap_scopes[decision.swap][0].cancel(reason=decision.reason)
-            for listener in self._decision_listeners:
-                listener(decision)
+            if self._observers:
+                self._emit(DecisionApplied(decision))
 
-    def _tell(self, event: str, lease: Lease) -> None:
-        for listener in self._request_listeners:
-            listener(event, lease)
+    def _tell(self, change: RequestChange, lease: Lease) -> None:
+        if self._observers:
+            self._emit(RequestChanged(change, lease))
 
     def _start_swap(self, swap: Swap, scheduler: Scheduler) -> None:
         if self._swap_nursery is None:
@@ -624,41 +637,42 @@ class Router:
                 async with trio.open_nursery() as nursery:
                     for model in swap.evict:
                         reason = f"evicted for {swap.target!r}"
-                        nursery.start_soon(self.supervisors[model].stop, reason)
-                await self.supervisors[swap.target].ensure_ready()
+                        nursery.start_soon(self._supervisors[model].stop, reason)
+                await self._supervisors[swap.target].ensure_ready()
                 error = None
         except RequestError as exc:
             error = exc
         finally:
             _, scheduler = self._swap_scopes.pop(swap)
             what, waiters = f"the load of {swap.target!r}", list(swap.waiters)
-            self._decide(what, scheduler, scheduler.on_swap_done, swap, error, concerned=waiters)
+            done = partial(scheduler.on_swap_done, swap, error)
+            self._decide(what, scheduler, done, concerned=waiters)
             if scheduler is not self.scheduler:  # a retired scheduler's load: it blocked
-                self._decide(what, self.scheduler, self.scheduler.on_swap_done, swap, error)
+                self._decide(
+                    what, self.scheduler, partial(self.scheduler.on_swap_done, swap, error)
+                )
             for model in (swap.target, *swap.evict):
                 self._forget_if_unneeded(model)
 
     def _tell_spawned(self, model: str) -> None:
-        for listener in self._spawn_listeners:
-            listener(model)
+        self._emit(ModelSpawned(model))
 
     def _on_output(self, model: str, line: LogLine) -> None:
-        for listener in self._output_listeners:
-            listener(model, line)
+        if self._observers:
+            self._emit(ModelOutput(model, line))
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
         for scheduler in self._schedulers():
             what = f"model {model!r} {state.value}"
-            self._decide(what, scheduler, scheduler.on_model_state, model, state)
-        for listener in self._listeners:
-            listener(model, state)
+            self._decide(what, scheduler, partial(scheduler.on_model_state, model, state))
+        self._emit(ModelStateChanged(model, state))
         if state is ModelState.STOPPED:
             self._forget_if_unneeded(model)
 
     def _requests_changed(self, model: str) -> None:
         """The requests for ``model`` changed (one came, was granted, or left): its TTL
         waits, or may run; a model retiring stops once drained."""
-        supervisor = self.supervisors.get(model)  # none if a reload removed it
+        supervisor = self._supervisors.get(model)  # none if a reload removed it
         if supervisor is not None:
             supervisor.requests_changed()
 
@@ -671,7 +685,7 @@ class Router:
         the end of a load, the reload that removed it. Nothing can make it needed again:
         a request for a model the configuration lacks is refused at admission.
         """
-        supervisor = self.supervisors.get(model)
+        supervisor = self._supervisors.get(model)
         if (
             supervisor is None
             or model in self.config.models
@@ -680,11 +694,10 @@ class Router:
             or any(model == s.target or model in s.evict for s in self._swap_scopes)
         ):
             return
-        del self.supervisors[model]
+        del self._supervisors[model]
         self._supervisor_scopes.pop(model).cancel(reason=f"model {model!r}: {REMOVED}")
         logger.debug("model %r forgotten: removed, stopped, no request left", model)
-        for listener in self._forget_listeners:
-            listener(model)
+        self._emit(ModelForgotten(model))
 
 
 @final

@@ -23,8 +23,9 @@ import trio.testing
 
 from llamaswap.config import Config
 from llamaswap.errors import RequestError
-from llamaswap.router import Router
-from llamaswap.schedulers import Decision, Grant, Ticket
+from llamaswap.router import Router, RouterEvent
+from llamaswap.router.events import DecisionApplied
+from llamaswap.schedulers import Grant, Ticket
 
 from .workload import Job, ModelTimes
 
@@ -148,9 +149,10 @@ class _Servers:
         await trio.lowlevel.checkpoint()  # no cmdStop in a simulation
         return 0
 
-    def on_decision(self, decision: Decision) -> None:
-        if isinstance(decision, Grant):
-            self.queues[decision.ticket.model].granted(decision.ticket)
+    def on_event(self, event: RouterEvent) -> None:
+        """A grant starts its request's turn at its server (a ``Router.observe`` observer)."""
+        if isinstance(event, DecisionApplied) and isinstance(event.decision, Grant):
+            self.queues[event.decision.ticket.model].granted(event.decision.ticket)
 
     async def probe(self, url: str) -> bool:
         await trio.lowlevel.checkpoint()
@@ -205,7 +207,7 @@ async def _simulate(
 ) -> Run:
     servers = _Servers(times)
     router = Router(simulated(config), spawner=servers, probe=servers.probe)
-    router.add_decision_listener(servers.on_decision)
+    router.observe(servers.on_event)
     outcomes: list[Outcome] = [Outcome(job) for job in jobs]
     start = trio.current_time()
 

@@ -207,7 +207,7 @@ async def test_a_log_stream_sends_lines_as_they_happen_and_leaves_no_follower(
     nursery: trio.Nursery,
 ) -> None:
     served = await serve_in_process(nursery, one_model())
-    ring = served.router.supervisors["chat"].log
+    ring = served.router.log_rings()["chat"]
     with trio.fail_after(10):
         await served.router.load("chat")
         stream = await LiveStream.open(served.url, "/logs/stream/chat")
@@ -230,7 +230,7 @@ async def test_no_history_sends_only_later_lines_and_the_mixed_stream_prefixes_t
     nursery: trio.Nursery,
 ) -> None:
     served = await serve_in_process(nursery, one_model())
-    ring = served.router.supervisors["chat"].log
+    ring = served.router.log_rings()["chat"]
     with trio.fail_after(10):
         await served.router.load("chat")
         stream = await LiveStream.open(served.url, "/logs/stream?no-history")

@@ -515,7 +515,7 @@ async def test_a_model_that_stops_leaves_no_idle_connection_to_its_address(
     spawner = FakeSpawner(nursery)
     router = Router(Config(models={"m": model}), spawner=spawner, probe=FakeProbe(spawner))
     async with UpstreamPool() as pool:
-        router.add_listener(partial(_close_upstream_connections, router, pool))
+        router.observe(partial(_close_upstream_connections, router, pool))
         await nursery.start(router.run)
         with trio.fail_after(10):
             async with (

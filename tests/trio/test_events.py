@@ -515,7 +515,7 @@ async def test_own_log_lines_are_captured_but_not_model_output_copies(
     assert any("llamaswap.process: model 'a': ready" in text for text in texts)
     assert all(" DEBUG " in t or " INFO " in t or " WARNING " in t for t in texts)
     # The model's output is in its own ring, not copied into ours.
-    assert router.supervisors["a"].log.tail(1) == ["hello from a"]
+    assert router.log_rings()["a"].tail(1) == ["hello from a"]
     assert not any("hello from a" in text for text in texts)
     assert not any("after the block" in text for text in texts)
     assert logging.getLogger().handlers == [

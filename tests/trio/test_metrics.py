@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llamaswap.config.model import Config, ModelConfig, Routing, SchedulerSection
 from llamaswap.observability import Metrics
-from llamaswap.process import ModelSupervisor
+from llamaswap.process import ModelStatistics, ModelSupervisor
 from llamaswap.router import Router
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import FifoScheduler, Scheduler, SchedulerCounts
@@ -21,6 +21,12 @@ class Source:
     scheduler: Scheduler
     supervisors: dict[str, ModelSupervisor]
     retired_counts: SchedulerCounts = attrs.field(factory=SchedulerCounts)
+
+    def known_models(self) -> list[str]:
+        return list(self.supervisors)
+
+    def statistics(self, model: str) -> ModelStatistics:
+        return self.supervisors[model].statistics()
 
 
 async def test_metrics_has_every_band_from_the_start(nursery: trio.Nursery) -> None:

@@ -31,6 +31,7 @@ from llamaswap.process import ModelState
 from llamaswap.proxy.exchange import Exchange, Recorder
 from llamaswap.reloader import READ_TIMEOUT, SETTLE_DELAY, Reloader, ReloadResult
 from llamaswap.router import Router
+from llamaswap.router.events import ModelStateChanged, RouterEvent
 from llamaswap.router.lease import Lease
 from llamaswap.router.reload import ConfigChanges, diff_config
 from tests.fakes import FakeProbe, FakeSpawner, StateRecorder
@@ -61,7 +62,7 @@ def lease(router: Router, name: str) -> AbstractAsyncContextManager[Lease]:
 async def start(
     nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder, cfg: Config
 ) -> Router:
-    router = Router(cfg, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    router = Router(cfg, spawner=spawner, probe=FakeProbe(spawner), observers=[recorder.observe])
     await nursery.start(router.run)
     return router
 
@@ -113,12 +114,12 @@ async def test_an_unchanged_model_keeps_its_process_and_serves_throughout(
 ) -> None:
     router = await start(nursery, spawner, recorder, config(a=model(1)))
     async with lease(router, "a"):
-        pid = router.supervisors["a"].statistics().pid
+        pid = router.statistics("a").pid
         changes = await router.reconfigure(config(a=model(1), b=model(2)))
         assert changes.unchanged == ("a",)
         assert changes.added == ("b",)
     async with lease(router, "a"):
-        assert router.supervisors["a"].statistics().pid == pid
+        assert router.statistics("a").pid == pid
     async with lease(router, "b"):  # servable at once
         assert router.model_state("b") is S.READY
     assert recorder.states("a") == [S.STARTING, S.READY]
@@ -497,8 +498,7 @@ def series(metrics: Metrics) -> list[str]:
 def recording(router: Router) -> tuple[Metrics, Recorder]:
     """Metrics and a recorder for ``router``'s requests, listening as ``create_app``'s do."""
     metrics = Metrics(router)
-    router.add_listener(metrics.on_model_state)
-    router.add_forget_listener(metrics.forget)
+    router.observe(metrics.on_event)
     return metrics, Recorder(ActivityLog(), metrics)
 
 
@@ -537,7 +537,7 @@ async def test_a_model_each_reload_replaces_leaves_no_supervisor_task_or_series_
     before = (len(all_tasks()), len(series(metrics)))
     for n in range(2, 22):
         await reload(n)
-    assert list(router.supervisors) == ["keep", "m21"]
+    assert router.known_models() == ["keep", "m21"]
     assert (len(all_tasks()), len(series(metrics))) == before
     assert not any('model="m20"' in line for line in series(metrics))
     assert sum('model="m21"' in line for line in series(metrics)) > 0
@@ -553,18 +553,18 @@ async def test_a_straggler_of_a_removed_model_finishes_then_the_model_is_forgott
     router = await start(nursery, spawner, recorder, config(a=model(1)))
     metrics, records = recording(router)
     await serve_one(router, records, "a")
-    supervisor = router.supervisors["a"]
+    ring = router.log_rings()["a"]
     exchange, held = chat_exchange(router, "a")
     async with router.acquire(held):
         await router.reconfigure(config(b=model(2)))
         await trio.testing.wait_all_tasks_blocked()
-        assert router.supervisors["a"] is supervisor  # kept for the straggler
-        assert supervisor.state is S.STOPPING
+        assert router.log_rings()["a"] is ring  # kept for the straggler
+        assert router.model_state("a") is S.STOPPING
         exchange.status = 200
     records.finish(exchange)
     assert 'llamaswap_requests_total{model="a",status="200"} 2.0' in series(metrics)
     await recorder.wait_for(S.STOPPED, "a")
-    assert list(router.supervisors) == ["b"]
+    assert router.known_models() == ["b"]
     assert not any('model="a"' in line for line in series(metrics))
     await trio.testing.wait_all_tasks_blocked()
     assert not any("supervisor of a" in task.name for task in all_tasks())
@@ -584,9 +584,9 @@ async def test_a_straggler_whose_removed_model_crashed_is_recorded_without_serie
         await router.reconfigure(config(b=model(2)))
         spawner.last.exit(1)  # crashed under its last request
         await recorder.wait_for(S.STOPPED, "a")
-        assert "a" in router.supervisors  # its request is still in flight
+        assert "a" in router.known_models()  # its request is still in flight
         exchange.status = 502
-    assert list(router.supervisors) == ["b"]  # forgotten as the request ended
+    assert router.known_models() == ["b"]  # forgotten as the request ended
     records.finish(exchange)  # after: the series must not come back
     assert not any('model="a"' in line for line in series(metrics))
     assert records.activity.recent(1)[0].status == 502
@@ -599,15 +599,15 @@ async def test_a_model_removed_and_re_added_before_it_stopped_keeps_its_supervis
     recorder: StateRecorder,
 ) -> None:
     router = await start(nursery, spawner, recorder, config(a=model(1)))
-    supervisor = router.supervisors["a"]
+    ring = router.log_rings()["a"]
     async with lease(router, "a"):
         await router.reconfigure(config(b=model(2)))
         await router.reconfigure(config(a=model(1), b=model(2)))
     await trio.testing.wait_all_tasks_blocked()
-    assert router.supervisors["a"] is supervisor
+    assert router.log_rings()["a"] is ring
     async with lease(router, "a"):
-        assert router.supervisors["a"] is supervisor
-    assert supervisor.statistics().starts == 2  # re-added: started anew, same supervisor
+        assert router.log_rings()["a"] is ring
+    assert router.statistics("a").starts == 2  # re-added: started anew, same supervisor
 
 
 async def test_a_model_re_added_after_it_was_forgotten_gets_a_new_supervisor(
@@ -617,15 +617,15 @@ async def test_a_model_re_added_after_it_was_forgotten_gets_a_new_supervisor(
     recorder: StateRecorder,
 ) -> None:
     router = await start(nursery, spawner, recorder, config(a=model(1)))
-    old = router.supervisors["a"]
+    old = router.log_rings()["a"]
     async with lease(router, "a"):
         pass
     await router.reconfigure(config(b=model(2)))
     await recorder.wait_for(S.STOPPED, "a")
-    assert "a" not in router.supervisors
+    assert "a" not in router.known_models()
     await router.reconfigure(config(a=model(1), b=model(2)))
     async with lease(router, "a"):
-        assert router.supervisors["a"] is not old
+        assert router.log_rings()["a"] is not old
         assert router.model_state("a") is S.READY
 
 
@@ -645,7 +645,7 @@ async def test_a_reload_cancelled_as_it_starts_a_new_supervisor_still_records_it
     running = {
         t.name.removeprefix("supervisor of ") for t in all_tasks() if "supervisor of" in t.name
     }
-    assert running == set(router.supervisors) == set(router.config.models) == {"a", "b"}
+    assert running == set(router.known_models()) == set(router.config.models) == {"a", "b"}
     async with lease(router, "b"):
         assert router.model_state("b") is S.READY
 
@@ -663,7 +663,7 @@ async def test_a_request_named_before_its_model_was_removed_is_refused_at_admiss
         async with router.acquire(late):
             pytest.fail("a removed model was served")
     assert recorder.states("a") == []  # and never started again
-    assert "a" not in router.supervisors
+    assert "a" not in router.known_models()
 
 
 async def test_a_supervisor_a_reload_adds_keeps_no_copy_of_the_reloading_tasks_context(
@@ -681,7 +681,7 @@ async def test_a_supervisor_a_reload_adds_keeps_no_copy_of_the_reloading_tasks_c
 
     async with trio.open_nursery() as requests:
         requests.start_soon(reload_request)
-    assert "b" in router.supervisors
+    assert "b" in router.known_models()
     assert [task.name for task in all_tasks() if task.context.get(REQUEST) is request] == []
 
 
@@ -697,17 +697,17 @@ async def test_a_stopped_models_address_is_that_of_the_server_that_stopped(
     router = await start(nursery, spawner, recorder, config(a=model(1)))
     stopped_at: list[str | None] = []
 
-    def on_state(name: str, state: ModelState) -> None:  # as serve()'s pool listener reads it
-        if state is S.STOPPED:
-            stopped_at.append(router.supervisors[name].statistics().address)
+    def on_event(event: RouterEvent) -> None:  # as serve()'s pool observer reads it
+        if isinstance(event, ModelStateChanged) and event.state is S.STOPPED:
+            stopped_at.append(router.statistics(event.model).address)
 
-    router.add_listener(on_state)
+    router.observe(on_event)
     async with lease(router, "a"):
         await router.reconfigure(config(a=model(2)))  # another port: restarts once drained
     await recorder.wait_for(S.STOPPED, "a")
     assert stopped_at == ["http://m:1"]  # the old server's, whose connections are dead
     async with lease(router, "a"):
-        assert router.supervisors["a"].statistics().address == "http://m:2"
+        assert router.statistics("a").address == "http://m:2"
 
 
 async def test_a_request_is_recorded_under_the_scheduler_that_had_it_across_a_switch(

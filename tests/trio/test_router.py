@@ -33,7 +33,7 @@ from llamaswap.process import ModelState
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.schedulers import Decision, Grant, JoinSwap, StartSwap, Ticket
-from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
+from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder, decisions_into
 
 S = ModelState
 
@@ -64,7 +64,10 @@ async def start_router(
     nursery: trio.Nursery, spawner: FakeSpawner, recorder: StateRecorder, **models: ModelConfig
 ) -> Router:
     router = Router(
-        Config(models=models), spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder]
+        Config(models=models),
+        spawner=spawner,
+        probe=FakeProbe(spawner),
+        observers=[recorder.observe],
     )
     await nursery.start(router.run)
     return router
@@ -359,7 +362,9 @@ async def test_a_model_with_a_request_waiting_for_it_is_not_unloaded_by_its_ttl(
             scheduler=SchedulerSection(use="serial"),
         ),
     )
-    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    router = Router(
+        config, spawner=spawner, probe=FakeProbe(spawner), observers=[recorder.observe]
+    )
     await nursery.start(router.run)
     async with lease(router, "b"):
         pass
@@ -408,7 +413,9 @@ async def test_serial_aging_overtakes_at_an_exact_time(
             scheduler=SchedulerSection(use="serial", settings=SchedulerSettings(serial=serial))
         ),
     )
-    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    router = Router(
+        config, spawner=spawner, probe=FakeProbe(spawner), observers=[recorder.observe]
+    )
     await nursery.start(router.run)
     served: list[tuple[str, float]] = []
     both = trio.Event()
@@ -526,7 +533,7 @@ async def test_the_scheduler_hears_a_cancel_before_any_later_event(
     # not yet reported by b's own task. It must still never be loaded.
     router = await start_router(nursery, spawner, recorder, a=model(1), b=model(2))
     decisions: list[Decision] = []
-    router.add_decision_listener(decisions.append)
+    router.observe(decisions_into(decisions))
     b_scope = trio.CancelScope()
 
     async def request_b() -> None:
@@ -553,7 +560,7 @@ async def test_decisions_are_published_in_the_order_applied(
 ) -> None:
     router = await start_router(nursery, spawner, recorder, a=model(1))
     decisions: list[Decision] = []
-    router.add_decision_listener(decisions.append)
+    router.observe(decisions_into(decisions))
     async with lease(router, "a") as held:
         assert [type(d) for d in decisions] == [StartSwap, JoinSwap, Grant]
         assert {getattr(d, "ticket", held.ticket) for d in decisions} == {held.ticket}
@@ -649,7 +656,9 @@ async def test_serial_queues_a_burst_of_a_thousand_and_serves_every_one(
     config = Config(
         models={"a": model(1)}, routing=Routing(scheduler=SchedulerSection(use="serial"))
     )
-    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), listeners=[recorder])
+    router = Router(
+        config, spawner=spawner, probe=FakeProbe(spawner), observers=[recorder.observe]
+    )
     await nursery.start(router.run)
     served: list[int] = []
     refused: list[RequestError] = []
