@@ -175,6 +175,10 @@ class Router:
         """The definition ``model``'s server runs with (a removed model keeps its last)."""
         return self._supervisors[model].config
 
+    def wanted(self, model: str) -> int:
+        """The requests for ``model`` admitted and not released: waiting or in flight."""
+        return self._leases.wanted(model)
+
     def known_models(self) -> list[str]:
         """Every configured model, and a removed one until it is forgotten."""
         return list(self._supervisors)
