@@ -81,7 +81,7 @@ class Recorder:
             queue_wait_ms=None if queue_wait is None else round(queue_wait * 1000, 3),
             scheduler=None if exchange.lease is None else exchange.lease.scheduler,
             priority=priority,
-            band=band_of(priority),
+            band=band_of(priority) if ticket is None else ticket.band,
             score=None if ticket is None else ticket.score,
             prompt_tokens=None if usage is None else usage.prompt_tokens,
             completion_tokens=None if usage is None else usage.completion_tokens,

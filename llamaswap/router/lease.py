@@ -31,7 +31,7 @@ import outcome
 import trio
 
 from llamaswap.errors import RequestError
-from llamaswap.schedulers import Ticket, band_of
+from llamaswap.schedulers import Ticket
 
 __all__ = ["Lease", "LeaseState", "Leases", "RequestInfo", "ticket_info"]
 
@@ -78,7 +78,7 @@ def ticket_info(ticket: Ticket, *, client: str | None = None, route: str = "") -
         model=ticket.model,
         priority=ticket.priority,
         effective_priority=ticket.effective_priority,
-        band=band_of(ticket.effective_priority),
+        band=ticket.band,
         state=ticket.state.value,
         arrival=ticket.arrival,
         dispatched_at=ticket.dispatched_at,

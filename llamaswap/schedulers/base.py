@@ -26,6 +26,8 @@ from llamaswap.config.model import Config
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
+from .priority import band_of
+
 __all__ = [
     "BandStatistics",
     "CancelSwap",
@@ -95,6 +97,11 @@ class Ticket:
     score: float | None = None
     dispatched_at: float | None = None
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
+
+    @property
+    def band(self) -> str:
+        """The band of its effective priority: the one place a request's band is found."""
+        return band_of(self.effective_priority)
 
 
 @attrs.define(eq=False)

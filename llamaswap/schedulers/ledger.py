@@ -44,7 +44,7 @@ from .base import (
     TicketState,
     World,
 )
-from .priority import BANDS, band_of
+from .priority import BANDS
 
 __all__ = ["Ledger", "Plan", "Queue"]
 
@@ -140,7 +140,7 @@ class Ledger:
     def mark_dispatched(self, ticket: Ticket) -> None:
         if ticket.dispatched_at is None:
             ticket.dispatched_at = self.world.now()
-            self.dispatched[band_of(ticket.effective_priority)] += 1
+            self.dispatched[ticket.band] += 1
 
     def grant(self, ticket: Ticket) -> None:
         self.mark_dispatched(ticket)
@@ -311,7 +311,7 @@ class Ledger:
         depth: collections.Counter[str] = collections.Counter()
         oldest: dict[str, float] = {}
         for ticket in queued:
-            band = band_of(ticket.effective_priority)
+            band = ticket.band
             depth[band] += 1
             oldest[band] = max(oldest.get(band, 0.0), now - ticket.arrival)
         return {
