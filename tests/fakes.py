@@ -19,6 +19,7 @@ from llamaswap.schedulers.base import (
     Decision,
     Fail,
     Grant,
+    Handover,
     Scheduler,
     SchedulerStatistics,
     StartSwap,
@@ -222,9 +223,6 @@ class FakeWorld:
     def in_flight(self, model: str) -> int:
         return self.serving[model]
 
-    def swaps_in_progress(self) -> list[Swap]:
-        return [swap for swap in self.swaps if not any(swap is done for done in self.done)]
-
     def apply(self, decisions: list[Decision]) -> list[Decision]:
         for decision in decisions:
             self.decisions.append(decision)
@@ -271,8 +269,8 @@ class Driven(Generic[S]):
     def on_request(self, ticket: Ticket) -> list[Decision]:
         return self.world.apply(self.scheduler.on_request(ticket))
 
-    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
-        return self.world.apply(self.scheduler.adopt(tickets))
+    def adopt(self, handover: Handover) -> list[Decision]:
+        return self.world.apply(self.scheduler.adopt(handover))
 
     def on_cancel(self, ticket: Ticket) -> list[Decision]:
         return self.world.apply(self.scheduler.on_cancel(ticket))

@@ -125,14 +125,13 @@ class Router:
         self._supervisor_scopes: dict[str, trio.CancelScope] = {}
         #: ``run``'s context, which every supervisor's task is started in (``_start``).
         self._context = contextvars.copy_context()
+        #: The one scheduler: a reload that switches hands it everything (``Handover``).
         self.scheduler: Scheduler = make_scheduler(config, self, make_swapper(config))
-        #: After a reload switched schedulers: the old one keeps what it had dispatched.
-        self._retired: dict[Ticket, Scheduler] = {}
         #: The final counts of every scheduler a reload switched out (metrics add the
         #: current one's, so the counters never go back).
         self.retired_counts = SchedulerCounts()
         self._seq = itertools.count()
-        self._swap_scopes: dict[Swap, tuple[trio.CancelScope, Scheduler]] = {}
+        self._swap_scopes: dict[Swap, trio.CancelScope] = {}
         self._supervisor_nursery: trio.Nursery | None = None
         self._swap_nursery: trio.Nursery | None = None
         #: Tickets granted after their request had gone (a scheduler bug): to be finished.
@@ -344,7 +343,7 @@ class Router:
             raise InternalError("the scheduler failed on this request") from exc
         self._tell("queued", lease)  # before its decisions: a grant comes after admission
         self._requests_changed(model)  # wanted now: its TTL waits
-        self._apply(decisions, self.scheduler)
+        self._apply(decisions)
 
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""
@@ -353,16 +352,11 @@ class Router:
             self._leases.release(lease)
             self._tell("done", lease)
             self._requests_changed(model)
-            owner = self._take_owner(lease.ticket)
-            self._decide("a finished request", owner, partial(owner.on_finish, lease.ticket))
-            if owner is not self.scheduler:  # a model drained: the new one may go on
-                on_finish = partial(self.scheduler.on_finish, lease.ticket)
-                self._decide("a finished request", self.scheduler, on_finish)
+            self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
             self._forget_if_unneeded(model)  # a removed model's last straggler
         elif lease.state is LeaseState.FAILED:
             self._leases.release(lease)
             self._tell("failed", lease)
-            self._retired.pop(lease.ticket, None)
             self._requests_changed(lease.ticket.model)
         else:  # abandoned while parked: the scheduler is told now, if nobody did yet
             self._catch_up()
@@ -410,8 +404,7 @@ class Router:
             running = self.running_models() | {swap.target for swap in self.swaps_in_progress()}
             models = [model for model in self._supervisors if model in running]
         targets = list(models)
-        for scheduler in self._schedulers():
-            self._decide("unload", scheduler, partial(scheduler.on_unload, targets))
+        self._decide("unload", partial(self.scheduler.on_unload, targets))
         # The requests they serve end now, saying why (not as a model server broken off).
         for lease in self._leases:
             model = lease.ticket.model
@@ -437,7 +430,7 @@ class Router:
         requests with 503 and stops once its requests in flight are done, and is then
         forgotten (``_forget_if_unneeded``); a new one is servable at once. Names, keys,
         filters, TTLs, groups and scheduler settings apply at once; a change of scheduler
-        hands the waiting requests over together (``Scheduler.adopt``).
+        hands every request over to the new one (``Scheduler.surrender``, ``adopt``).
         """
         changes = diff_config(self.config, config)
         # The new models' supervisors run before any name reaches them; from the swap of
@@ -455,37 +448,33 @@ class Router:
             supervisor.update(model, health_check_timeout=config.health_check_timeout)
             if model_id in changes.restarted or model_id in changes.added:
                 supervisor.retire("its configuration changed", restart=True)  # if running
-        for scheduler in self._schedulers() if changes.removed else ():
-            self._decide(
-                "reload", scheduler, partial(scheduler.on_unload, changes.removed, REMOVED)
-            )
+        if changes.removed:
+            self._decide("reload", partial(self.scheduler.on_unload, changes.removed, REMOVED))
         for model_id in changes.removed:
             self._supervisors[model_id].retire(REMOVED, restart=False)
             self._forget_if_unneeded(model_id)  # stopped already, nothing in flight
         swapper = make_swapper(config)
         if config.routing.scheduler.use == self.scheduler.name:
-            reconfigure = partial(self.scheduler.on_reconfigure, config, swapper)
-            self._decide("reload", self.scheduler, reconfigure)
+            self._decide("reload", partial(self.scheduler.on_reconfigure, config, swapper))
         else:
             self._switch_scheduler(make_scheduler(config, self, swapper))
         return changes
 
     def _switch_scheduler(self, new: Scheduler) -> None:
-        """Hand the waiting requests to ``new``, all at once: it picks among them by its
-        own order; what the old scheduler dispatched (loading or serving) stays with it
-        until it is done."""
+        """Hand everything to ``new`` at once (``Handover``): what the old scheduler
+        dispatched becomes its running work, its loads its own, and it picks among the
+        waiting requests by its own order. **One scheduler at a time**: the old one keeps
+        nothing, so the new one's slot is never shared with the old one's requests."""
         self._catch_up()
         old, self.scheduler = self.scheduler, new
         logger.info("scheduler %r replaces %r", new.name, old.name)
-        waiting = old.surrender()
+        handover = old.surrender()
         self.retired_counts += SchedulerCounts.of(old.statistics())  # final: see surrender
-        moved = set(waiting)
+        waiting = set(handover.waiting)
         for lease in self._leases:
-            if lease.ticket in moved:
-                lease.scheduler = new.name
-            elif lease.ticket not in self._retired:
-                self._retired[lease.ticket] = old
-        self._run_event("reload", new, partial(new.adopt, waiting), waiting)
+            if lease.ticket in waiting:
+                lease.scheduler = new.name  # the scheduler it will be dispatched by
+        self._run_event("reload", partial(new.adopt, handover), handover.waiting)
 
     def hurry(self) -> None:
         """Every model's stop, in progress or to come, kills its server at once."""
@@ -500,8 +489,7 @@ class Router:
         model is stopped, rather than cut off by the model's exit.
         """
         self.shutting_down = True
-        for scheduler in self._schedulers():
-            self._decide("shutdown", scheduler, partial(scheduler.on_shutdown, ShuttingDown()))
+        self._decide("shutdown", partial(self.scheduler.on_shutdown, ShuttingDown()))
         with trio.move_on_after(grace):
             await self._leases.drained()
         late = ShuttingDown(f"the request was still running after unloadTimeout ({grace:g}s)")
@@ -541,18 +529,9 @@ class Router:
 
     # ------------------------------------------------------------- decisions
 
-    def _schedulers(self) -> list[Scheduler]:
-        """The scheduler, and any a reload retired that still has requests to finish."""
-        return [self.scheduler, *{id(s): s for s in self._retired.values()}.values()]
-
-    def _take_owner(self, ticket: Ticket) -> Scheduler:
-        """The scheduler ``ticket`` belongs to, for its last event (it is forgotten)."""
-        return self._retired.pop(ticket, self.scheduler)
-
     def _decide(
         self,
         what: str,
-        scheduler: Scheduler,
         event: Callable[[], list[Decision]],
         *,
         concerned: Iterable[Ticket] = (),
@@ -560,7 +539,7 @@ class Router:
         """Run one scheduler event (``partial(scheduler.on_..., ...)``) and apply its
         decisions; before it, the scheduler hears every cancel it has not heard yet."""
         self._catch_up()
-        self._run_event(what, scheduler, event, concerned)
+        self._run_event(what, event, concerned)
         self._catch_up()
 
     def _catch_up(self) -> None:
@@ -571,33 +550,30 @@ class Router:
                 lease = abandoned.popleft()
                 if lease.state is LeaseState.ABANDONED:
                     self._tell("cancelled", lease)
-                    scheduler = self._take_owner(lease.ticket)
-                    on_cancel = partial(scheduler.on_cancel, lease.ticket)
-                    self._run_event(f"cancelled request #{lease.id}", scheduler, on_cancel, ())
+                    on_cancel = partial(self.scheduler.on_cancel, lease.ticket)
+                    self._run_event(f"cancelled request #{lease.id}", on_cancel, ())
                     self._leases.release(lease)
                     self._requests_changed(lease.ticket.model)
             else:
                 ticket = self._orphans.pop()
-                scheduler = self._take_owner(ticket)
-                on_finish = partial(scheduler.on_finish, ticket)
-                self._run_event(f"orphaned request #{ticket.seq}", scheduler, on_finish, ())
+                on_finish = partial(self.scheduler.on_finish, ticket)
+                self._run_event(f"orphaned request #{ticket.seq}", on_finish, ())
 
     def _run_event(
         self,
         what: str,
-        scheduler: Scheduler,
         event: Callable[[], list[Decision]],
         concerned: Iterable[Ticket],
     ) -> None:
         try:
             decisions = event()
         except Exception:
-            logger.exception("scheduler %r failed on %s", scheduler.name, what)
+            logger.exception("scheduler %r failed on %s", self.scheduler.name, what)
             error = InternalError(f"the scheduler failed on {what}")
             decisions = [Fail(t, error) for t in concerned if self._leases.waiting(t)]
-        self._apply(decisions, scheduler)
+        self._apply(decisions)
 
-    def _apply(self, decisions: list[Decision], scheduler: Scheduler) -> None:
+    def _apply(self, decisions: list[Decision]) -> None:
         for decision in decisions:
             if isinstance(decision, Grant):
                 ticket = decision.ticket
@@ -610,10 +586,10 @@ class Router:
                 if not self._leases.fail(decision.ticket, decision.error):
                     logger.error("request #%d was failed after it left", decision.ticket.seq)
             elif isinstance(decision, StartSwap):
-                self._start_swap(decision.swap, scheduler)
+                self._start_swap(decision.swap)
             elif isinstance(decision, CancelSwap):
                 logger.info("cancelling the load of %r: %s", decision.swap.target, decision.reason)
-                self._swap_scopes[decision.swap][0].cancel(reason=decision.reason)
+                self._swap_scopes[decision.swap].cancel(reason=decision.reason)
             if self._observers:
                 self._emit(DecisionApplied(decision))
 
@@ -621,11 +597,11 @@ class Router:
         if self._observers:
             self._emit(RequestChanged(change, lease))
 
-    def _start_swap(self, swap: Swap, scheduler: Scheduler) -> None:
+    def _start_swap(self, swap: Swap) -> None:
         if self._swap_nursery is None:
             raise RuntimeError("router is not running")
         scope = trio.CancelScope()
-        self._swap_scopes[swap] = scope, scheduler
+        self._swap_scopes[swap] = scope
         evicting = f", evicting {sorted(swap.evict)}" if swap.evict else ""
         logger.info("loading model %r%s", swap.target, evicting)
         self._swap_nursery.start_soon(self._swap, swap, scope, name=f"swap to {swap.target}")
@@ -647,14 +623,10 @@ class Router:
         except RequestError as exc:
             error = exc
         finally:
-            _, scheduler = self._swap_scopes.pop(swap)
+            del self._swap_scopes[swap]
             what, waiters = f"the load of {swap.target!r}", list(swap.waiters)
-            done = partial(scheduler.on_swap_done, swap, error)
-            self._decide(what, scheduler, done, concerned=waiters)
-            if scheduler is not self.scheduler:  # a retired scheduler's load: it blocked
-                self._decide(
-                    what, self.scheduler, partial(self.scheduler.on_swap_done, swap, error)
-                )
+            done = partial(self.scheduler.on_swap_done, swap, error)
+            self._decide(what, done, concerned=waiters)
             for model in (swap.target, *swap.evict):
                 self._forget_if_unneeded(model)
 
@@ -666,9 +638,8 @@ class Router:
             self._emit(ModelOutput(model, line))
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
-        for scheduler in self._schedulers():
-            what = f"model {model!r} {state.value}"
-            self._decide(what, scheduler, partial(scheduler.on_model_state, model, state))
+        on_model_state = partial(self.scheduler.on_model_state, model, state)
+        self._decide(f"model {model!r} {state.value}", on_model_state)
         self._emit(ModelStateChanged(model, state))
         if state is ModelState.STOPPED:
             self._forget_if_unneeded(model)

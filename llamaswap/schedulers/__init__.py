@@ -8,6 +8,7 @@ from .base import CancelSwap as CancelSwap
 from .base import Decision as Decision
 from .base import Fail as Fail
 from .base import Grant as Grant
+from .base import Handover as Handover
 from .base import JoinSwap as JoinSwap
 from .base import Scheduler as Scheduler
 from .base import SchedulerCounts as SchedulerCounts
@@ -34,6 +35,7 @@ __all__ = [
     "Fail",
     "FifoScheduler",
     "Grant",
+    "Handover",
     "JoinSwap",
     "PriorityWaitQueue",
     "Scheduler",

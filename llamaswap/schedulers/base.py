@@ -34,6 +34,7 @@ __all__ = [
     "Decision",
     "Fail",
     "Grant",
+    "Handover",
     "JoinSwap",
     "Scheduler",
     "SchedulerCounts",
@@ -143,10 +144,6 @@ class World(Protocol):
     def in_flight(self, model: str) -> int:
         """Granted requests of ``model`` not yet finished (the router's single count)."""
 
-    def swaps_in_progress(self) -> Collection[Swap]:
-        """Every swap started and not yet done, whichever scheduler started it (after a
-        reload switches schedulers, the old one's loads go on)."""
-
 
 @attrs.frozen
 class Grant:
@@ -210,14 +207,31 @@ class SchedulerStatistics:
 
 
 @attrs.frozen
+class Handover:
+    """Every request a scheduler has, handed to the one a reload switches to
+    (``Scheduler.surrender``, then ``adopt``): after it, the old scheduler has nothing.
+
+    ``waiting``: not dispatched, oldest first, with their reservations freed (``QUEUED``);
+    the new scheduler admits each again, or fails it. ``dispatched``: loading or serving,
+    oldest first; the new scheduler accounts for them as its own running work (they hold
+    their reservations and, under ``serial``, their slots). ``swaps``: the loads in
+    progress, whose waiters are among ``dispatched``; the new scheduler owns them.
+    """
+
+    waiting: tuple[Ticket, ...] = ()
+    dispatched: tuple[Ticket, ...] = ()
+    swaps: tuple[Swap, ...] = ()
+
+
+@attrs.frozen
 class SchedulerCounts:
     """The counters in a scheduler's statistics: requests dispatched by band, and the picks
     aging and affinity changed.
 
     A scheduler counts from when it is made. A reload that switches schedulers retires
-    one, and ``surrender()`` leaves it nothing to pick or dispatch, so its counts are final
-    from then on: the router adds them up (``Router.retired_counts``), and the counters
-    in ``/metrics`` are those plus the current scheduler's, never going back.
+    one, and ``surrender()`` leaves it nothing, so its counts are final from then on: the
+    router adds them up (``Router.retired_counts``), and the counters in ``/metrics`` are
+    those plus the current scheduler's, never going back.
     """
 
     dispatched: Mapping[str, int] = attrs.field(factory=dict)
@@ -254,9 +268,11 @@ class Scheduler(Protocol):
     def on_request(self, ticket: Ticket) -> list[Decision]:
         """Admit ``ticket`` or raise ``ConcurrencyLimit``; may grant it at once."""
 
-    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
-        """Take over ``tickets`` (oldest first), which another scheduler gave up
-        (``surrender``: a reload switched schedulers), as if they had arrived together:
+    def adopt(self, handover: Handover) -> list[Decision]:
+        """Take over what another scheduler gave up (``surrender``: a reload switched
+        schedulers). Its loading and serving requests and its loads become this one's
+        running work, which what it grants next must wait for (a ``serial`` slot taken by
+        them is taken). Its waiting requests are taken as if they had arrived together:
         each is admitted, or failed with what ``on_request`` would raise, and only then
         does anything go out, by this scheduler's own order."""
 
@@ -268,9 +284,8 @@ class Scheduler(Protocol):
         counts it out."""
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
-        """A swap's task ended: its target is ready, or ``error`` says why not. Also told
-        of a retired scheduler's swaps (after a reload switched schedulers), which may
-        have held this one's requests back."""
+        """A swap's task ended: its target is ready, or ``error`` says why not (also one
+        it cancelled, or another scheduler did before a reload handed its work over)."""
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         """A model's state changed (including crashes and TTL unloads)."""
@@ -284,11 +299,10 @@ class Scheduler(Protocol):
     def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
         """A reload: new limits, priorities, settings and eviction policy, at once."""
 
-    def surrender(self) -> list[Ticket]:
-        """Give up every request not yet dispatched (a reload switches schedulers): they
-        leave this scheduler, oldest first, with no decision about them. What is loading
-        or serving stays here until it is done, but nothing is left to pick or dispatch:
-        the scheduler's counts (``SchedulerCounts``) are final from then on."""
+    def surrender(self) -> Handover:
+        """Give up every request and load (a reload switches schedulers), with no decision
+        about them: this scheduler is left with nothing, and its counts
+        (``SchedulerCounts``) are final from then on."""
 
     def queued(self) -> list[Ticket]:
         """Every request not yet dispatched, in the order it would serve them as things

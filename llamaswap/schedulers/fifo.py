@@ -23,7 +23,7 @@ from llamaswap.config.model import DEFAULT_CONCURRENCY_LIMIT, Config
 from llamaswap.errors import RequestError
 from llamaswap.process.state import ModelState
 
-from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, World
+from .base import Decision, Handover, SchedulerStatistics, Swap, Swapper, Ticket, World
 from .ledger import Ledger
 from .settings import fifo_priorities, limits
 from .waitqueue import PriorityWaitQueue
@@ -65,8 +65,9 @@ class FifoScheduler:
             self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
         return self._ledger.take()
 
-    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
-        for ticket in tickets:
+    def adopt(self, handover: Handover) -> list[Decision]:
+        self._ledger.take_over(handover)
+        for ticket in handover.waiting:
             try:
                 self._ledger.admit(ticket)
             except RequestError as exc:  # over a lowered concurrencyLimit, say
@@ -90,7 +91,7 @@ class FifoScheduler:
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
         if self._ledger.finish_swap(swap, error) and error is not None:
             self._ledger.fail_queued(self._queue, {swap.target}, error)
-        self._drain()  # also after another scheduler's load, which held requests back
+        self._drain()  # also after a load cancelled, which held requests back
         return self._ledger.take()
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
@@ -113,7 +114,7 @@ class FifoScheduler:
         self._drain()
         return self._ledger.take()
 
-    def surrender(self) -> list[Ticket]:
+    def surrender(self) -> Handover:
         return self._ledger.surrender(self._queue)
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:

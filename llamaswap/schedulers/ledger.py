@@ -21,7 +21,6 @@ statistics — is written once.
 from __future__ import annotations
 
 import collections
-import weakref
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Protocol, final
 
@@ -36,6 +35,7 @@ from .base import (
     Decision,
     Fail,
     Grant,
+    Handover,
     JoinSwap,
     StartSwap,
     Swap,
@@ -96,8 +96,6 @@ class Ledger:
         #: another scheduler's after a reload switched them, changes nothing).
         self.admitted: dict[str, set[Ticket]] = {}
         self.swaps: dict[str, Swap] = {}
-        #: Every swap this ledger started, while anything still refers to it.
-        self._started: weakref.WeakSet[Swap] = weakref.WeakSet()
         self.dispatched: collections.Counter[str] = collections.Counter()
         self.closed: RequestError | None = None
         self._outbox: list[Decision] = []
@@ -159,12 +157,9 @@ class Ledger:
     # ----------------------------------------------------------------- swaps
 
     def loads(self) -> list[Swap]:
-        """Every swap in progress: this ledger's, and any another scheduler started (one a
-        reload switched out keeps its loads going). Not this ledger's cancelled ones, whose
-        tasks may still be winding down: what they blocked goes on at once."""
-        loads = list(self.swaps.values())
-        loads += [swap for swap in self.world.swaps_in_progress() if swap not in self._started]
-        return loads
+        """Every swap in progress. Not the cancelled ones, whose tasks may still be winding
+        down: what they blocked goes on at once."""
+        return list(self.swaps.values())
 
     def running(self) -> set[str]:
         """Models whose process is not stopped, plus the targets of swaps in progress."""
@@ -192,9 +187,7 @@ class Ledger:
     def _collides(self, target: str, evict: frozenset[str]) -> bool:
         for swap in self.loads():
             if swap.target == target:
-                if self.swaps.get(target) is swap:
-                    continue  # our own load of it, which requests join
-                return True  # another scheduler's: wait for its end
+                continue  # the load of it, which requests join
             if target in swap.evict or swap.target in evict or not evict.isdisjoint(swap.evict):
                 return True
         return False
@@ -209,7 +202,6 @@ class Ledger:
             return False
         else:
             swap = Swap(ticket.model, plan.evict)
-            self._started.add(swap)
             self.swaps[ticket.model] = swap
             self._outbox.append(StartSwap(swap))
             self.join(ticket, swap)
@@ -289,15 +281,30 @@ class Ledger:
             self.abandon_swap(model, ModelUnloaded(model, reason), reason)
             self.fail_queued(queue, {model}, ModelUnloaded(model, reason))
 
-    def surrender(self, queue: Queue, held: Iterable[Ticket] = ()) -> list[Ticket]:
-        """Take every queued ticket out of ``queue`` (and the undispatched ``held`` ones a
-        scheduler keeps aside), oldest first, their reservations freed."""
-        tickets = sorted([*queue, *held], key=lambda t: t.seq)
-        for ticket in tickets:
+    def surrender(self, queue: Queue, held: Iterable[Ticket] = ()) -> Handover:
+        """Give up everything: the queued tickets of ``queue`` (and the undispatched
+        ``held`` ones a scheduler keeps aside), oldest first, their reservations freed;
+        the dispatched ones, still admitted; and the loads in progress."""
+        waiting = sorted([*queue, *held], key=lambda t: t.seq)
+        for ticket in waiting:
             queue.remove(ticket)
             self.release(ticket)
             ticket.state = TicketState.QUEUED
-        return tickets
+        dispatched = sorted(
+            (ticket for tickets in self.admitted.values() for ticket in tickets),
+            key=lambda t: t.seq,
+        )
+        swaps = tuple(self.swaps.values())
+        self.admitted, self.swaps = {}, {}
+        return Handover(tuple(waiting), tuple(dispatched), swaps)
+
+    def take_over(self, handover: Handover) -> None:
+        """Account for another scheduler's dispatched tickets and loads as this one's own
+        (``adopt``): they keep their reservations, even beyond a lowered limit."""
+        for ticket in handover.dispatched:
+            self.admitted.setdefault(ticket.model, set()).add(ticket)
+        for swap in handover.swaps:
+            self.swaps[swap.target] = swap
 
     def shut_down(self, queue: Queue, error: RequestError) -> None:
         """Refuse new requests and fail every waiting one with ``error``."""

@@ -61,7 +61,16 @@ from llamaswap.config.model import DEFAULT_MAX_QUEUED, MAX_SWAP_AFFINITY_BONUS, 
 from llamaswap.errors import ModelUnloaded, QueueFull, RequestError
 from llamaswap.process.state import ModelState
 
-from .base import Decision, SchedulerStatistics, Swap, Swapper, Ticket, TicketState, World
+from .base import (
+    Decision,
+    Handover,
+    SchedulerStatistics,
+    Swap,
+    Swapper,
+    Ticket,
+    TicketState,
+    World,
+)
 from .ledger import Ledger
 from .settings import limits, model_slots
 from .waitqueue import PriorityWaitQueue
@@ -223,8 +232,12 @@ class SerialScheduler:
             self._fill_slots()
         return self._ledger.take()
 
-    def adopt(self, tickets: list[Ticket]) -> list[Decision]:
-        for ticket in tickets:
+    def adopt(self, handover: Handover) -> list[Decision]:
+        # What the old scheduler dispatched holds the slots: nothing more is granted
+        # beside it than the slots allow, and another model waits for it to drain.
+        self._ledger.take_over(handover)
+        self._holders.extend(handover.dispatched)
+        for ticket in handover.waiting:
             try:
                 self._enter(ticket)
             except RequestError as exc:  # over a lowered concurrencyLimit or maxQueued
@@ -301,9 +314,9 @@ class SerialScheduler:
         self._fill_slots()
         return self._ledger.take()
 
-    def surrender(self) -> list[Ticket]:
+    def surrender(self) -> Handover:
         waiting = self._holding()
-        self._holders = [t for t in self._holders if t.state is not TicketState.QUEUED]
+        self._holders = []
         return self._ledger.surrender(self._lanes, waiting)
 
     def on_shutdown(self, error: RequestError) -> list[Decision]:

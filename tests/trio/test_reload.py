@@ -243,6 +243,46 @@ async def test_switching_scheduler_requeues_waiting_requests_in_arrival_order(
     assert router.requests() == []
 
 
+async def test_after_a_switch_to_serial_its_slot_is_not_shared_with_fifos_requests(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    """fifo serves two requests for 'a' at once. After the switch, serial's one slot is
+    theirs: a new request for 'a' waits until both are done (it ran beside them before,
+    with the old scheduler keeping its requests). One scheduler is left."""
+    router = await start(nursery, spawner, recorder, config(a=model(1)))
+    release = trio.Event()
+    served: list[str] = []
+    counts = {2: trio.Event(), 3: trio.Event()}  # set as that many have been served
+
+    async def request(name: str) -> None:
+        async with lease(router, "a"):
+            served.append(name)
+            if len(served) in counts:
+                counts[len(served)].set()
+            if name != "later":
+                await release.wait()
+
+    for name in ("first", "second"):
+        nursery.start_soon(request, name)
+    with trio.fail_after(60):
+        await counts[2].wait()  # its load takes simulated time
+    await router.reconfigure(config("serial", a=model(1)))
+    assert router.scheduler.name == "serial"
+    nursery.start_soon(request, "later")
+    await trio.testing.wait_all_tasks_blocked()
+    assert sorted(served) == ["first", "second"]  # the slot is the old requests'
+    assert [info.state for info in router.requests()] == ["serving", "serving", "queued"]
+    release.set()
+    with trio.fail_after(60):
+        await counts[3].wait()
+    assert served[2] == "later"
+    await trio.testing.wait_all_tasks_blocked()
+    assert router.requests() == []
+
+
 async def test_switching_between_group_and_matrix_rebuilds_the_swapper(
     autojump_clock: trio.testing.MockClock,
     nursery: trio.Nursery,

@@ -22,9 +22,9 @@ from llamaswap.schedulers import make_scheduler
 from llamaswap.schedulers.base import (
     BandStatistics,
     Fail,
+    Handover,
     Scheduler,
     SchedulerCounts,
-    StartSwap,
     Ticket,
     TicketState,
 )
@@ -585,27 +585,53 @@ def driven(fx: FakeWorld, use: str) -> Driven[Scheduler]:
 
 @pytest.mark.parametrize("before", ["fifo", "serial"])
 @pytest.mark.parametrize("after", ["fifo", "serial"])
-def test_a_switched_in_scheduler_waits_for_the_old_ones_load(before: str, after: str) -> None:
-    """The old scheduler keeps the load it started (and its waiters); the new one must
-    neither evict that model mid-load nor load it again, and goes on once it is done."""
+def test_a_switched_in_scheduler_takes_over_the_old_ones_load(before: str, after: str) -> None:
+    """The load the old scheduler started, and its waiters, become the new one's: it
+    neither evicts that model mid-load nor loads it again, and grants the waiters when
+    the load is done."""
     fx = FakeWorld()
     old = driven(fx, before)
     old.on_request(loading := ticket("a", 1))
     a_load = fx.last_swap()
-    new = driven(fx, after)  # on the same world: 'a' is still loading under the old one
+    new = driven(fx, after)
+    new.adopt(old.scheduler.surrender())
+    assert old.scheduler.statistics().swaps == ()  # it keeps nothing
     new.on_request(other := ticket("b", 2))  # would evict 'a' mid-load: waits
-    new.on_request(same := ticket("a", 3))  # would load 'a' again: waits for that load
+    new.on_request(same := ticket("a", 3))  # joins the load (fifo), or waits for the slot
     assert fx.swaps == [a_load]
-    assert (other.state, same.state) == (TicketState.QUEUED, TicketState.QUEUED)
-    fx.complete(old, a_load)  # as the router does: the owner hears first, then the new one
-    new.on_swap_done(a_load, None)
+    assert other.state is TicketState.QUEUED
+    fx.complete(new, a_load)
     assert fx.granted[0] is loading
     assert fx.swaps == [a_load]  # 'a' serves: nothing evicts it yet
-    old.on_finish(loading)
-    fx.apply(new.scheduler.on_finish(loading))  # the router tells the new one too
-    # 'a' has drained of the old requests: the new scheduler goes on, by its own order
+    new.on_finish(loading)
+    # 'a' has drained of the old request: the new scheduler goes on, by its own order
     # ('b' is older; 'a', ready, is served in parallel by fifo, or has serial's affinity).
-    assert fx.granted[1:] == [same] or fx.last_swap().waiters == [other]
+    assert same in fx.granted or fx.last_swap().waiters == [other]
+
+
+@pytest.mark.parametrize("before", ["fifo", "serial"])
+def test_the_switched_to_serial_slot_is_never_shared_with_the_old_ones_requests(
+    before: str,
+) -> None:
+    """Requests the old scheduler serves hold serial's one slot: a request that fifo
+    would have served beside them waits until every one of them is done."""
+    fx = FakeWorld()
+    old = driven(fx, before)
+    old.on_request(first := ticket("a", 1))
+    fx.complete(old, fx.last_swap())
+    old.on_request(second := ticket("a", 2))  # fifo serves it beside the first
+    serving = [t for t in (first, second) if t in fx.granted]
+    new = driven(fx, "serial")
+    new.adopt(old.scheduler.surrender())
+    new.on_request(later := ticket("a", 3))
+    for ticket_ in serving:
+        assert later not in fx.granted  # the slot is the old requests'
+        new.on_finish(ticket_)
+    if second not in serving:  # serial kept it waiting: it was handed over, and goes first
+        assert fx.granted[-1] is second
+        assert later not in fx.granted
+        new.on_finish(second)
+    assert fx.granted[-1] is later
 
 
 @pytest.mark.parametrize("before", ["fifo", "serial"])
@@ -625,8 +651,7 @@ def test_a_switched_in_scheduler_picks_among_all_it_takes_over(before: str, afte
     new = driven(fx, after)
     new.adopt(old.scheduler.surrender())
     assert new.position(batch) != 1
-    old.on_finish(serving)  # 'a' drains: the new scheduler goes on
-    fx.apply(new.scheduler.on_finish(serving))  # the router tells the new one too
+    new.on_finish(serving)  # 'a' drains: the new scheduler goes on
     fx.complete(new, fx.last_swap())
     assert fx.granted[1] is urgent
 
@@ -646,17 +671,17 @@ def test_a_scheduler_taking_over_refuses_what_it_would_not_admit(use: str) -> No
     )
     new = Driven(make_scheduler(config, fx, GroupSwapper({})), fx)
     first, second = ticket("a", 1), ticket("a", 2)
-    failed = [d for d in new.adopt([first, second]) if isinstance(d, Fail)]
+    failed = [d for d in new.adopt(Handover(waiting=(first, second))) if isinstance(d, Fail)]
     assert [(d.ticket, type(d.error)) for d in failed] == [(second, ConcurrencyLimit)]
     assert first.state is not TicketState.DONE
 
 
 @pytest.mark.parametrize("use", ["fifo", "serial"])
-def test_a_surrendered_scheduler_dispatches_nothing_more_and_its_counts_are_final(
+def test_a_surrendered_scheduler_hands_over_everything_and_its_counts_are_final(
     use: str,
 ) -> None:
-    """What the router relies on to keep the counters in /metrics going up across a
-    switch: once retired, the old scheduler only finishes what it had dispatched."""
+    """What the router relies on for one scheduler at a time, and to keep the counters in
+    /metrics going up across a switch: the old scheduler keeps nothing."""
     fx = FakeWorld()
     config = load_config_text(f'[routing.scheduler]\nuse = "{use}"')
     old = Driven(make_scheduler(config, fx, GroupSwapper({})), fx)
@@ -664,14 +689,13 @@ def test_a_surrendered_scheduler_dispatches_nothing_more_and_its_counts_are_fina
     a_load = fx.last_swap()
     old.on_request(ticket("b", 2))  # waits: it would evict 'a' mid-load
     old.on_request(ticket("a", 3))  # joins the load (fifo) or waits for the slot (serial)
-    waiting = old.scheduler.surrender()
+    handover = old.scheduler.surrender()
     counts = SchedulerCounts.of(old.statistics())
-    assert [t.seq for t in waiting] == ([2] if use == "fifo" else [2, 3])
-    fx.complete(old, a_load)  # the router still tells it of its load, and the rest
-    for granted in list(fx.granted):
-        old.on_finish(granted)
-    old.on_model_state("a", ModelState.STOPPED)
-    assert loading in fx.granted
-    assert not any(t in fx.granted for t in waiting)
-    assert [d for d in fx.decisions if isinstance(d, StartSwap)] == [StartSwap(a_load)]
+    assert [t.seq for t in handover.waiting] == ([2] if use == "fifo" else [2, 3])
+    assert [t.seq for t in handover.dispatched] == ([1, 3] if use == "fifo" else [1])
+    assert handover.swaps == (a_load,)
+    assert loading in a_load.waiters
+    stats = old.statistics()
+    assert (stats.waiting, stats.loading, stats.swaps) == (0, 0, ())
+    assert all(t.state is TicketState.QUEUED for t in handover.waiting)
     assert SchedulerCounts.of(old.statistics()) == counts
