@@ -171,7 +171,6 @@ class Leases:
 
     def __init__(self) -> None:
         self._leases: dict[Ticket, Lease] = {}
-        self._wanted: collections.Counter[str] = collections.Counter()
         self._in_flight: collections.Counter[str] = collections.Counter()
         #: Leases cancelled while parked whose cancel the scheduler has not heard yet.
         self.abandoned: collections.deque[Lease] = collections.deque()
@@ -185,10 +184,6 @@ class Leases:
     def in_flight(self, model: str) -> int:
         return self._in_flight[model]
 
-    def wanted(self, model: str) -> int:
-        """The requests for ``model`` admitted and not released: waiting or in flight."""
-        return self._wanted[model]
-
     def waiting(self, ticket: Ticket) -> bool:
         """Whether ``ticket``'s request is parked (or about to be), neither woken nor gone."""
         lease = self._leases.get(ticket)
@@ -197,7 +192,6 @@ class Leases:
     def add(self, lease: Lease) -> None:
         lease._abandoned = self.abandoned
         self._leases[lease.ticket] = lease
-        self._wanted[lease.ticket.model] += 1
 
     def grant(self, ticket: Ticket) -> bool:
         """Wake ``ticket``'s request, granted; False if it is not waiting any more."""
@@ -226,11 +220,7 @@ class Leases:
                 if not self._in_flight:
                     self._drained.set()
         lease.state = LeaseState.RELEASED
-        if self._leases.pop(lease.ticket, None) is not None:
-            model = lease.ticket.model
-            self._wanted[model] -= 1
-            if not self._wanted[model]:
-                del self._wanted[model]
+        self._leases.pop(lease.ticket, None)
 
     async def drained(self) -> None:
         """Return once no request is in flight."""

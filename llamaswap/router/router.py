@@ -149,7 +149,7 @@ class Router:
             listener=self._on_model_state,
             spawned=partial(self._tell_spawned, model_id),
             in_flight=partial(self._leases.in_flight, model_id),
-            wanted=partial(self._leases.wanted, model_id),
+            wanted=partial(self.wanted, model_id),
         )
         supervisor.log.subscribe(partial(self._on_output, model_id))
         return supervisor
@@ -175,8 +175,9 @@ class Router:
         return self._supervisors[model].config
 
     def wanted(self, model: str) -> int:
-        """The requests for ``model`` admitted and not released: waiting or in flight."""
-        return self._leases.wanted(model)
+        """The requests for ``model`` admitted and not released: waiting or in flight (the
+        scheduler's one count, ``Scheduler.admitted``)."""
+        return self.scheduler.admitted(model)
 
     def known_models(self) -> list[str]:
         """Every configured model, and a removed one until it is forgotten."""
@@ -351,8 +352,8 @@ class Router:
             model = lease.ticket.model
             self._leases.release(lease)
             self._tell("done", lease)
-            self._requests_changed(model)
             self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
+            self._requests_changed(model)  # counted out by the scheduler now
             self._forget_if_unneeded(model)  # a removed model's last straggler
         elif lease.state is LeaseState.FAILED:
             self._leases.release(lease)

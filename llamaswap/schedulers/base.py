@@ -268,6 +268,11 @@ class Scheduler(Protocol):
     def on_request(self, ticket: Ticket) -> list[Decision]:
         """Admit ``ticket`` or raise ``ConcurrencyLimit``; may grant it at once."""
 
+    def admitted(self, model: str) -> int:
+        """The requests for ``model`` admitted and not yet released: waiting, loading or
+        serving. The one count of them: ``concurrencyLimit``, the TTL and the dashboard
+        read it."""
+
     def adopt(self, handover: Handover) -> list[Decision]:
         """Take over what another scheduler gave up (``surrender``: a reload switched
         schedulers). Its loading and serving requests and its loads become this one's

@@ -65,6 +65,9 @@ class FifoScheduler:
             self._queue.push(ticket, (-ticket.effective_priority, ticket.seq))
         return self._ledger.take()
 
+    def admitted(self, model: str) -> int:
+        return self._ledger.admitted_count(model)
+
     def adopt(self, handover: Handover) -> list[Decision]:
         self._ledger.take_over(handover)
         for ticket in handover.waiting:

@@ -9,7 +9,8 @@ statistics — is written once.
 
 **Invariants** (checked by the tests of both schedulers):
 
-* ``admitted[m]`` = the requests for ``m`` queued + loading + serving; a request beyond
+* ``admitted[m]`` = the requests for ``m`` queued + loading + serving, the one count of
+  them (``Scheduler.admitted``: the TTL and the dashboard read it too); a request beyond
   the model's limit (its ``concurrencyLimit``, else the scheduler's default, if any) is
   refused before anything is sent (429).
 * A model with requests in flight is never evicted. In flight is the router's count
@@ -123,6 +124,9 @@ class Ledger:
         if limit is not None and len(admitted) >= limit:
             raise ConcurrencyLimit(ticket.model, limit)
         admitted.add(ticket)
+
+    def admitted_count(self, model: str) -> int:
+        return len(self.admitted.get(model, ()))
 
     def release(self, ticket: Ticket) -> None:
         """The ticket is finished, failed or abandoned: its reservation frees."""

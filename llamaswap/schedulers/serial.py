@@ -232,6 +232,9 @@ class SerialScheduler:
             self._fill_slots()
         return self._ledger.take()
 
+    def admitted(self, model: str) -> int:
+        return self._ledger.admitted_count(model)
+
     def adopt(self, handover: Handover) -> list[Decision]:
         # What the old scheduler dispatched holds the slots: nothing more is granted
         # beside it than the slots allow, and another model waits for it to drain.
