@@ -213,3 +213,51 @@ async def test_a_chunked_upload_too_large_while_its_model_loads_gets_the_json_41
     assert error["code"] == "request_too_large"
     assert "1000 bytes" in error["message"]
     assert not [line for line in proxy.output.lines if "Traceback" in line]
+
+
+@pytest.mark.parametrize("rename", [False, True], ids=["as sent", "useModelName"])
+async def test_a_json_body_that_is_not_utf8_is_refused_and_valid_json_goes_as_written(
+    nursery: trio.Nursery, proxy_factory: StartProxy, rename: bool
+) -> None:
+    """RFC 8259: JSON between systems is UTF-8. A byte that is not, in a field llamaswap
+    does not read, went to the model server as it came; now it is a 400. Valid JSON,
+    with what a document would change (1e400, a 5 000-digit integer, non-ASCII text),
+    still goes byte for byte (renamed: only ``model`` changes)."""
+    received: list[bytes] = []
+
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            received.append(request[1])
+            await peer.respond(b"{}")
+
+    server = await start_server(nursery, script)
+    rename_line = 'useModelName = "upstream"\n' if rename else ""
+    models = (
+        f'[models.m]\ncmd = "${{fake}}"\nproxy = "{server.url}"\ncheckEndpoint = "none"\n'
+        + rename_line
+    )
+    proxy = await proxy_factory(config(models))
+    valid = (
+        b'{"model": "m", "temperature": 1e400, "seed": ' + b"7" * 5000 + b', "messages": '
+        b'[{"role": "user", "content": "caf\xc3\xa9 \xe7\x8b\x90 \xf0\x9f\xa6\x8a"}]}'
+    )
+    invalid = valid.replace(b"caf\xc3\xa9", b"caf\xe9")  # Latin-1, not UTF-8
+    json_type = {"content-type": "application/json"}
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            refused = await client.post("/v1/chat/completions", content=invalid, headers=json_type)
+            answered = await client.post("/v1/chat/completions", content=valid, headers=json_type)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_request"
+    at = invalid.index(b"\xe9")
+    assert error["message"] == (
+        f"the request body is not valid UTF-8 (invalid continuation byte at byte {at}); "
+        "JSON must be (RFC 8259): send it as UTF-8"
+    )
+    assert answered.status_code == 200
+    expected = valid
+    if rename:
+        expected = b'{"model":"upstream","temperature":1e400,"seed":' + valid.split(b'"seed": ')[1]
+        expected = expected.replace(b', "messages": ', b',"messages":')
+    assert received == [expected]
