@@ -262,6 +262,7 @@ class Forwarder:
         if route.model_in is None:
             name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
             target, path = self._names.resolve_path(name, rest)
+            _refuse_dot_segments(scope["path"], path)
             if path == "/" and not scope["path"].endswith("/"):
                 await _redirect_to_slash(scope, reply)
                 return
@@ -485,6 +486,25 @@ def _rewrite(
     if route.model_in is ModelIn.QUERY and rename:
         query = rewrite_query(query, rename)
     return payload, query
+
+
+def _refuse_dot_segments(full: str, rest: str) -> None:
+    """Raises BadRequest if ``rest``, the decoded path after ``/upstream/{model}``, has a
+    ``.`` or ``..`` segment (RFC 3986 §5.2.4; ``%2e`` decodes to ``.``, and a ``%2F``
+    inside a segment is taken as the ``/`` a server may decode it to).
+
+    A model server resolves them: ``/upstream/m/../../x`` would ask it for ``/x``, and a
+    peer's server for what lies outside its ``proxy`` path. Browsers resolve them before
+    sending, so only a client that means it sends one: refusing is clearer than
+    resolving."""
+    for segment in rest.split("/"):
+        if segment in (".", ".."):
+            model = full[: len(full) - len(rest)]
+            raise BadRequest(
+                f"the path after {model!r} has a {segment!r} segment (RFC 3986 dot "
+                "segments, %2E included): llamaswap does not pass them to the model server; "
+                "send the path with them resolved"
+            )
 
 
 def _as_escaped(scope: HTTPScope, rest: str) -> str:

@@ -261,3 +261,55 @@ async def test_a_json_body_that_is_not_utf8_is_refused_and_valid_json_goes_as_wr
         expected = b'{"model":"upstream","temperature":1e400,"seed":' + valid.split(b'"seed": ')[1]
         expected = expected.replace(b', "messages": ', b',"messages":')
     assert received == [expected]
+
+
+async def test_dot_segments_after_the_model_are_refused_not_passed_on(
+    nursery: trio.Nursery, proxy_factory: StartProxy
+) -> None:
+    """``/upstream/m/../../x`` reached the model server as ``/../../x``. Sent as raw
+    bytes: h11 clients and httpx resolve dot segments before sending."""
+    targets: list[bytes] = []
+
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            targets.append(request[0].target)
+            await peer.respond(request[0].target)
+
+    server = await start_server(nursery, script)
+    proxy = await proxy_factory(
+        config(f'[models.m]\ncmd = "${{fake}}"\nproxy = "{server.url}"\ncheckEndpoint = "none"')
+    )
+
+    async def get(target: str) -> tuple[int, bytes]:
+        request = f"GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        status, _, body = parse(await raw_exchange(proxy.url, request.encode()))
+        return status, body
+
+    refused = {
+        "/upstream/m/../../x": "..",
+        "/upstream/m/a/./b": ".",
+        "/upstream/m/a/..": "..",
+        "/upstream/m/%2e%2e/x": "..",
+        "/upstream/m/.%2E/x": "..",
+        "/upstream/m/%2E/x": ".",
+        "/upstream/m/a%2F..%2Fx": "..",  # a server may decode %2F before resolving
+    }
+    passed = {
+        "/upstream/m/.well-known/x": b"/.well-known/x",
+        "/upstream/m/.../a..b": b"/.../a..b",
+        "/upstream/m/%252e%252e/x": b"/%252e%252e/x",  # '%2e%2e' once decoded: a name
+    }
+    with trio.fail_after(30):
+        for target, segment in refused.items():
+            status, body = await get(target)
+            assert status == 400, target
+            error = json.loads(body)["error"]
+            assert error["code"] == "invalid_request"
+            assert error["message"] == (
+                f"the path after '/upstream/m' has a {segment!r} segment (RFC 3986 dot "
+                "segments, %2E included): llamaswap does not pass them to the model server; "
+                "send the path with them resolved"
+            )
+        for target, forwarded in passed.items():
+            assert await get(target) == (200, forwarded)
+    assert targets == list(passed.values())
