@@ -23,9 +23,10 @@ from quart_trio import QuartTrio
 
 from llamaswap._version import versions
 from llamaswap.errors import RequestCancelled
-from llamaswap.process import ModelState, ModelStatistics
+from llamaswap.process import ModelStatistics
 from llamaswap.router import Router
-from llamaswap.router.lease import LeaseState, RequestInfo
+from llamaswap.router.lease import RequestInfo
+from llamaswap.schedulers import RequestState
 
 __all__ = [
     "client_address",
@@ -92,15 +93,12 @@ def model_status(
     loaded_since = None
     if stats.ready_since is not None:
         loaded_since = iso_time(to_wall_clock(stats.ready_since, now=now, wall_now=wall_now))
-    ttl_left = None
-    counting = stats.state is ModelState.READY and stats.idle_deadline != float("inf")
-    if ttl > 0 and counting:
-        ttl_left = round(max(0.0, stats.idle_deadline - now), 3)
+    left = stats.ttl_left(now) if ttl > 0 else None
     return {
         "state": stats.state.value,
         "loaded_since": loaded_since,
         "ttl": ttl if ttl > 0 else None,
-        "ttl_left": ttl_left,
+        "ttl_left": None if left is None else round(left, 3),
     }
 
 
@@ -109,7 +107,8 @@ def _json(document: Any, status: int = 200) -> Response:
 
 
 #: Lease states of a request still running (not failed, left, or released).
-_LIVE = (LeaseState.ADMITTED, LeaseState.GRANTED)
+_LIVE = (RequestState.QUEUED, RequestState.LOADING, RequestState.SERVING)
+_LIVE_NAMES = frozenset(state.value for state in _LIVE)
 
 
 def register(quart: QuartTrio, router: Router) -> None:
@@ -122,7 +121,7 @@ def register(quart: QuartTrio, router: Router) -> None:
         entries = [
             inflight_entry(info, now=now, wall_now=wall_now, position=order.get(info.id))
             for info in router.requests()
-            if info.state != "done"
+            if info.state in _LIVE_NAMES
         ]
         return _json({"inflight": entries})
 
@@ -130,7 +129,7 @@ def register(quart: QuartTrio, router: Router) -> None:
     async def cancel(request_id: int) -> Response:
         lease = router.lease_by_id(request_id)
         info = None if lease is None or lease.state not in _LIVE else lease.info()
-        if lease is None or info is None or info.state == "done":
+        if lease is None or info is None:
             message = f"no request {request_id} in flight; GET /api/inflight lists them"
             error = {"message": message, "type": "invalid_request_error", "code": "not_found"}
             return _json({"error": {**error, "param": None}}, status=404)

@@ -1,14 +1,15 @@
 """Leases: where a request's task waits, and the one count of requests in flight.
 
-A *lease* is one admitted request's hold on its model, owned by the router::
+A *lease* is one admitted request's hold on its model, owned by the router. Its ticket
+is the request's one record: its state (``RequestState``, drawn in
+``schedulers/base.py``) is the request's lifecycle, which the lease does not keep again.
+The lease adds what only the router needs: the parked task, the cancel scope, and what
+the HTTP side knows (client, route).
 
-    ADMITTED ──grant──▶ GRANTED ──release──▶ RELEASED
-        │  └──fail───▶ FAILED ──────────────▶ RELEASED
-        └──cancelled while parked──▶ ABANDONED ──the scheduler is told──▶ RELEASED
-
-While ADMITTED its task is parked Trio-natively (``wait_task_rescheduled``, like
-``trio.ParkingLot``) until the router applies the scheduler's ``Grant`` or ``Fail``.
-**The abort callback of a parked task only unparks it and notes the lease as abandoned:
+While the request waits (QUEUED, LOADING) its task is parked Trio-natively
+(``wait_task_rescheduled``, like ``trio.ParkingLot``) until the router applies the
+scheduler's ``Grant`` or ``Fail``.
+**The abort callback of a parked task only unparks it and notes the request abandoned:
 no scheduler code runs inside Trio's cancellation delivery.** The router tells the
 scheduler about every abandoned lease before it delivers any other event, so no decision
 is ever made about a request whose client has gone. **A woken lease is never abandoned**:
@@ -22,7 +23,6 @@ shutdown drain all read this one count.
 from __future__ import annotations
 
 import collections
-import enum
 from collections.abc import Iterator, Mapping
 from typing import final
 
@@ -31,17 +31,9 @@ import outcome
 import trio
 
 from llamaswap.errors import RequestError
-from llamaswap.schedulers import Ticket
+from llamaswap.schedulers import RequestState, Ticket
 
-__all__ = ["Lease", "LeaseState", "Leases", "RequestInfo", "ticket_info"]
-
-
-class LeaseState(enum.Enum):
-    ADMITTED = "admitted"  # with the scheduler: queued, or waiting for a load
-    GRANTED = "granted"  # may use its model until released
-    FAILED = "failed"  # woken with an error
-    ABANDONED = "abandoned"  # cancelled while parked; the scheduler is not told yet
-    RELEASED = "released"
+__all__ = ["Lease", "Leases", "RequestInfo", "ticket_info"]
 
 
 @attrs.frozen
@@ -101,7 +93,6 @@ class Lease:
         self.ticket = ticket
         self.client = client
         self.route = route
-        self.state = LeaseState.ADMITTED
         #: The name of the scheduler that has it, from its admission on (a reload that
         #: switches schedulers moves a waiting one to the new scheduler).
         self.scheduler: str | None = None
@@ -115,6 +106,11 @@ class Lease:
     @property
     def id(self) -> int:
         return self.ticket.seq
+
+    @property
+    def state(self) -> RequestState:
+        """The request's state: its ticket's."""
+        return self.ticket.state
 
     @property
     def woken(self) -> bool:
@@ -132,10 +128,10 @@ class Lease:
             self.cancel_error = error
         self.scope.cancel(reason=str(error))
 
-    def _wake(self, state: LeaseState, error: RequestError | None = None) -> None:
+    def _wake(self, state: RequestState, error: RequestError | None = None) -> None:
         if self._outcome is not None:
             raise RuntimeError(f"request #{self.id} woken twice")
-        self.state = state
+        self.ticket.state = state
         self._outcome = outcome.Value(None) if error is None else outcome.Error(error)
         if self._task is not None:
             task, self._task = self._task, None
@@ -155,7 +151,7 @@ class Lease:
             def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
                 # Trio's cancellation delivery: note it, nothing that could raise.
                 self._task = None
-                self.state = LeaseState.ABANDONED
+                self.ticket.state = RequestState.ABANDONED
                 assert self._abandoned is not None
                 self._abandoned.append(self)
                 return trio.lowlevel.Abort.SUCCEEDED
@@ -185,9 +181,11 @@ class Leases:
         return self._in_flight[model]
 
     def waiting(self, ticket: Ticket) -> bool:
-        """Whether ``ticket``'s request is parked (or about to be), neither woken nor gone."""
+        """Whether ``ticket``'s request is parked (or about to be), neither woken nor gone.
+        (Its state may say SERVING or FAILED already: the scheduler decided, and the
+        router is applying the decision.)"""
         lease = self._leases.get(ticket)
-        return lease is not None and lease.state is LeaseState.ADMITTED
+        return lease is not None and not lease.woken and ticket.state is not RequestState.ABANDONED
 
     def add(self, lease: Lease) -> None:
         lease._abandoned = self.abandoned
@@ -197,7 +195,7 @@ class Leases:
         """Wake ``ticket``'s request, granted; False if it is not waiting any more."""
         if not self.waiting(ticket):
             return False
-        self._leases[ticket]._wake(LeaseState.GRANTED)
+        self._leases[ticket]._wake(RequestState.SERVING)
         if not self._in_flight:
             self._drained = trio.Event()
         self._in_flight[ticket.model] += 1
@@ -207,19 +205,19 @@ class Leases:
         """Wake ``ticket``'s request with ``error``; False if it is not waiting any more."""
         if not self.waiting(ticket):
             return False
-        self._leases[ticket]._wake(LeaseState.FAILED, error)
+        self._leases[ticket]._wake(RequestState.FAILED, error)
         return True
 
     def release(self, lease: Lease) -> None:
         """The request is over: forget it, and count it out if it was granted."""
-        if lease.state is LeaseState.GRANTED:
+        if lease.state is RequestState.SERVING:
             model = lease.ticket.model
             self._in_flight[model] -= 1
             if not self._in_flight[model]:
                 del self._in_flight[model]
                 if not self._in_flight:
                     self._drained.set()
-        lease.state = LeaseState.RELEASED
+        lease.ticket.state = RequestState.DONE
         self._leases.pop(lease.ticket, None)
 
     async def drained(self) -> None:

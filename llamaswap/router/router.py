@@ -55,6 +55,7 @@ from llamaswap.schedulers import (
     Decision,
     Fail,
     Grant,
+    RequestState,
     Scheduler,
     SchedulerCounts,
     StartSwap,
@@ -75,7 +76,7 @@ from .events import (
     RequestChanged,
     RouterEvent,
 )
-from .lease import Lease, Leases, LeaseState, RequestInfo
+from .lease import Lease, Leases, RequestInfo
 from .names import Names
 from .reload import ConfigChanges, diff_config
 from .swappers import make_swapper
@@ -348,14 +349,14 @@ class Router:
 
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""
-        if lease.state is LeaseState.GRANTED:
+        if lease.state is RequestState.SERVING:
             model = lease.ticket.model
             self._leases.release(lease)
             self._tell("done", lease)
             self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
             self._requests_changed(model)  # counted out by the scheduler now
             self._forget_if_unneeded(model)  # a removed model's last straggler
-        elif lease.state is LeaseState.FAILED:
+        elif lease.state is RequestState.FAILED:
             self._leases.release(lease)
             self._tell("failed", lease)
             self._requests_changed(lease.ticket.model)
@@ -409,7 +410,7 @@ class Router:
         # The requests they serve end now, saying why (not as a model server broken off).
         for lease in self._leases:
             model = lease.ticket.model
-            if lease.state is LeaseState.GRANTED and model in targets:
+            if lease.state is RequestState.SERVING and model in targets:
                 lease.cancel(ModelUnloaded(model, "unload requested", served=True))
         # A model forgotten since it was named is stopped already.
         supervisors = [self._supervisors[m] for m in targets if m in self._supervisors]
@@ -495,7 +496,7 @@ class Router:
             await self._leases.drained()
         late = ShuttingDown(f"the request was still running after unloadTimeout ({grace:g}s)")
         for lease in self._leases:
-            if lease.state is not LeaseState.FAILED:  # failed: its error is on its way
+            if lease.state is not RequestState.FAILED:  # failed: its error is on its way
                 lease.cancel(late)
         with trio.move_on_after(CANCEL_GRACE):
             await self._leases.drained()
@@ -549,7 +550,7 @@ class Router:
         while abandoned or self._orphans:
             if abandoned:
                 lease = abandoned.popleft()
-                if lease.state is LeaseState.ABANDONED:
+                if lease.state is RequestState.ABANDONED:
                     self._tell("cancelled", lease)
                     on_cancel = partial(self.scheduler.on_cancel, lease.ticket)
                     self._run_event(f"cancelled request #{lease.id}", on_cancel, ())

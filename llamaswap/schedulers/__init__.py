@@ -10,6 +10,7 @@ from .base import Fail as Fail
 from .base import Grant as Grant
 from .base import Handover as Handover
 from .base import JoinSwap as JoinSwap
+from .base import RequestState as RequestState
 from .base import Scheduler as Scheduler
 from .base import SchedulerCounts as SchedulerCounts
 from .base import SchedulerStatistics as SchedulerStatistics
@@ -17,7 +18,6 @@ from .base import StartSwap as StartSwap
 from .base import Swap as Swap
 from .base import Swapper as Swapper
 from .base import Ticket as Ticket
-from .base import TicketState as TicketState
 from .base import World as World
 from .base import needs_slot as needs_slot
 from .fifo import FifoScheduler as FifoScheduler
@@ -38,6 +38,7 @@ __all__ = [
     "Handover",
     "JoinSwap",
     "PriorityWaitQueue",
+    "RequestState",
     "Scheduler",
     "SchedulerCounts",
     "SchedulerStatistics",
@@ -46,7 +47,6 @@ __all__ = [
     "Swap",
     "Swapper",
     "Ticket",
-    "TicketState",
     "World",
     "band_of",
     "make_scheduler",

@@ -36,6 +36,7 @@ __all__ = [
     "Grant",
     "Handover",
     "JoinSwap",
+    "RequestState",
     "Scheduler",
     "SchedulerCounts",
     "SchedulerStatistics",
@@ -43,7 +44,6 @@ __all__ = [
     "Swap",
     "Swapper",
     "Ticket",
-    "TicketState",
     "World",
     "needs_slot",
 ]
@@ -61,11 +61,26 @@ def needs_slot(route: str) -> bool:
     return method not in ("GET", "HEAD") and route not in _NO_SLOT
 
 
-class TicketState(enum.Enum):
+class RequestState(enum.Enum):
+    """One admitted request's lifecycle (``Ticket.state``), the only record of it::
+
+        QUEUED ──dispatch──▶ LOADING ──its load is done──▶ SERVING ──finished──▶ DONE
+          └──────────────grant──────────────────────────────▲
+        QUEUED, LOADING ──fail──▶ FAILED ──its task has the error──▶ DONE
+        QUEUED, LOADING ──cancelled while parked──▶ ABANDONED ──the scheduler is told──▶ DONE
+
+    The scheduler moves it through the first line (its ``Ledger``); the router's
+    ``Leases`` marks it FAILED as it wakes the task with the error, ABANDONED as the
+    parked task is cancelled (Trio's abort callback: nothing else happens there), and
+    DONE as it releases it.
+    """
+
     QUEUED = "queued"  # waiting for the scheduler's decision
     LOADING = "loading"  # dispatched: waiting for its model's swap
     SERVING = "serving"  # granted: the request is being forwarded
-    DONE = "done"  # finished, failed, or abandoned
+    FAILED = "failed"  # woken with an error, its task not yet out of Router.acquire
+    ABANDONED = "abandoned"  # cancelled while parked; the scheduler is not told yet
+    DONE = "done"  # released
 
 
 @attrs.define(eq=False)
@@ -94,7 +109,7 @@ class Ticket:
     arrival: float = 0.0
     needs_slot: bool = True
     effective_priority: int = 0
-    state: TicketState = TicketState.QUEUED
+    state: RequestState = RequestState.QUEUED
     score: float | None = None
     dispatched_at: float | None = None
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)

@@ -38,11 +38,11 @@ from .base import (
     Grant,
     Handover,
     JoinSwap,
+    RequestState,
     StartSwap,
     Swap,
     Swapper,
     Ticket,
-    TicketState,
     World,
 )
 from .priority import BANDS
@@ -135,7 +135,7 @@ class Ledger:
             admitted.discard(ticket)
             if not admitted:
                 del self.admitted[ticket.model]
-        ticket.state = TicketState.DONE
+        ticket.state = RequestState.DONE
 
     # ------------------------------------------------------------- outcomes
 
@@ -146,7 +146,7 @@ class Ledger:
 
     def grant(self, ticket: Ticket) -> None:
         self.mark_dispatched(ticket)
-        ticket.state = TicketState.SERVING
+        ticket.state = RequestState.SERVING
         self._granting[ticket.model] += 1
         self._outbox.append(Grant(ticket))
 
@@ -213,9 +213,14 @@ class Ledger:
 
     def join(self, ticket: Ticket, swap: Swap) -> None:
         self.mark_dispatched(ticket)
-        ticket.state = TicketState.LOADING
+        ticket.state = RequestState.LOADING
         swap.waiters.append(ticket)
         self._outbox.append(JoinSwap(ticket, swap))
+
+    def joined(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` waits for its model's load (a waiter of the swap)."""
+        swap = self.swaps.get(ticket.model)
+        return swap is not None and ticket in swap.waiters
 
     def leave_swap(self, ticket: Ticket) -> bool:
         """Take a loading ticket out of its swap; cancel the swap if nobody is left.
@@ -265,7 +270,7 @@ class Ledger:
         """The ticket's client left before its grant: take it out of ``queue`` or out of
         its swap, and free its reservation. True if that cancelled the swap."""
         cancelled = False
-        if not queue.remove(ticket) and ticket.state is TicketState.LOADING:
+        if not queue.remove(ticket) and self.joined(ticket):
             cancelled = self.leave_swap(ticket)
         self.release(ticket)
         return cancelled
@@ -293,7 +298,7 @@ class Ledger:
         for ticket in waiting:
             queue.remove(ticket)
             self.release(ticket)
-            ticket.state = TicketState.QUEUED
+            ticket.state = RequestState.QUEUED
         dispatched = sorted(
             (ticket for tickets in self.admitted.values() for ticket in tickets),
             key=lambda t: t.seq,

@@ -64,11 +64,11 @@ from llamaswap.process.state import ModelState
 from .base import (
     Decision,
     Handover,
+    RequestState,
     SchedulerStatistics,
     Swap,
     Swapper,
     Ticket,
-    TicketState,
     World,
 )
 from .ledger import Ledger
@@ -254,8 +254,8 @@ class SerialScheduler:
             ledger.cancel(self._lanes, ticket)  # it was queued
             return ledger.take()
         self._holders.remove(ticket)
-        loading = [t for t in self._holders if t.state is TicketState.LOADING]
-        if ticket.state is TicketState.LOADING and not loading:
+        loading = [t for t in self._holders if t.state is RequestState.LOADING]
+        if ledger.joined(ticket) and not loading:
             successor = self._lanes.pop_best(ticket.model)
             if successor is not None:
                 # Another request wants this model: the load goes on, for it.
@@ -272,14 +272,14 @@ class SerialScheduler:
         if ticket in holders:
             holders.remove(ticket)
             self._fill_slots()
-        elif holders and holders[0].state is TicketState.QUEUED:
+        elif holders and holders[0].state is RequestState.QUEUED:
             self._ledger.dispatch(holders[0])  # its swap waited for this model to drain
         return self._ledger.take()
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
         if self._ledger.finish_swap(swap, error) and error is not None:
             self._ledger.fail_queued(self._lanes, {swap.target}, error)
-            self._holders = [t for t in self._holders if t.state is TicketState.SERVING]
+            self._holders = [t for t in self._holders if t.state is RequestState.SERVING]
         # More of the slots, for the model now ready; or, after another scheduler's load
         # (which held requests back), whatever may go now.
         self._fill_slots()
@@ -368,7 +368,7 @@ class SerialScheduler:
     def _holding(self) -> list[Ticket]:
         """The slot holders not yet dispatched: picked, but waiting for a busy model to
         drain before their load can start. They wait, as the lanes do."""
-        return [t for t in self._holders if t.state is TicketState.QUEUED]
+        return [t for t in self._holders if t.state is RequestState.QUEUED]
 
     def slots(self, model: str) -> int:
         """How many requests for ``model`` may be in service at once."""
@@ -380,7 +380,7 @@ class SerialScheduler:
         lead = self._holders[0] if self._holders else None
         if (
             lead is not None
-            and lead.state is TicketState.QUEUED
+            and lead.state is RequestState.QUEUED
             and model in self._ledger.evictions(lead.model)
         ):
             return False
@@ -394,11 +394,11 @@ class SerialScheduler:
         is abandoned by the ledger, which fails them."""
         kept = []
         for holder in self._holders:
-            if holder.state is TicketState.SERVING or (
+            if holder.state is RequestState.SERVING or (
                 models is not None and holder.model not in models
             ):
                 kept.append(holder)
-            elif holder.state is TicketState.QUEUED:
+            elif holder.state is RequestState.QUEUED:
                 self._ledger.fail(holder, error(holder.model))
         self._holders = kept
 
@@ -458,7 +458,7 @@ class SerialScheduler:
             ticket, no_aging, no_affinity = self._choose(affinity)
             assert ticket is not None
             if holders and (
-                ticket.model != holders[0].model or holders[0].state is TicketState.QUEUED
+                ticket.model != holders[0].model or holders[0].state is RequestState.QUEUED
             ):
                 return
             if candidates >= 2:

@@ -7,8 +7,8 @@ import trio
 import trio.testing
 
 from llamaswap.errors import ModelUnloaded
-from llamaswap.router.lease import Lease, Leases, LeaseState
-from llamaswap.schedulers import Ticket
+from llamaswap.router.lease import Lease, Leases
+from llamaswap.schedulers import RequestState, Ticket
 
 
 def admitted(leases: Leases, model: str = "m", seq: int = 0) -> Lease:
@@ -22,7 +22,7 @@ async def test_grant_before_wait_returns_at_once() -> None:
     lease = admitted(leases)
     assert leases.grant(lease.ticket)
     await lease.wait()
-    assert lease.state is LeaseState.GRANTED
+    assert lease.state is RequestState.SERVING
     assert leases.in_flight("m") == 1
 
 
@@ -60,7 +60,7 @@ async def test_a_cancelled_lease_is_only_noted_as_abandoned() -> None:
         scope.deadline = trio.current_time()  # cancels at the first checkpoint
         await lease.wait()
     assert scope.cancelled_caught
-    assert lease.state is LeaseState.ABANDONED
+    assert lease.state is RequestState.ABANDONED
     assert list(leases.abandoned) == [lease]
     assert list(leases) == [lease]  # still admitted until the scheduler is told
 
@@ -73,7 +73,7 @@ async def test_a_woken_lease_is_not_abandoned_by_a_late_cancel() -> None:
         scope.cancel()
         await lease.wait()  # returns: what was granted is the caller's to release
     assert not scope.cancelled_caught
-    assert lease.state is LeaseState.GRANTED
+    assert lease.state is RequestState.SERVING
     assert not leases.abandoned
 
 

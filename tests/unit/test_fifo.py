@@ -9,7 +9,7 @@ from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, 
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.router.swappers.matrix import MatrixSwapper
-from llamaswap.schedulers.base import TicketState
+from llamaswap.schedulers.base import RequestState
 from llamaswap.schedulers.fifo import FifoScheduler
 from tests.fakes import Driven, FakeWorld, ticket
 
@@ -37,7 +37,7 @@ def test_ready_model_is_served_at_once_in_parallel() -> None:
     s.on_request(first)
     s.on_request(second)
     assert fx.granted == [first, second]
-    assert first.state is TicketState.SERVING
+    assert first.state is RequestState.SERVING
     assert fx.swaps == []
 
 
@@ -49,7 +49,7 @@ def test_stopped_model_starts_a_swap_that_evicts_the_running_one() -> None:
     s.on_request(t)
     swap = fx.last_swap()
     assert (swap.target, swap.evict, swap.waiters) == ("a", frozenset({"b"}), [t])
-    assert t.state is TicketState.LOADING
+    assert t.state is RequestState.LOADING
     fx.complete(s, swap)
     assert fx.granted == [t]
 
@@ -75,7 +75,7 @@ def test_busy_model_is_never_evicted() -> None:
     waiting = ticket("b", 2)
     s.on_request(waiting)
     assert fx.swaps == []
-    assert waiting.state is TicketState.QUEUED
+    assert waiting.state is RequestState.QUEUED
     s.on_finish(serving)
     assert fx.last_swap().target == "b"
     assert fx.last_swap().evict == {"a"}
@@ -97,9 +97,9 @@ def test_same_model_requests_collate() -> None:
     assert swap_a.waiters == [a1, a2]
     fx.complete(s, swap_a)
     assert fx.granted[1:] == [a1, a2]
-    assert b1.state is TicketState.QUEUED  # would evict 'a', which is serving
+    assert b1.state is RequestState.QUEUED  # would evict 'a', which is serving
     s.on_finish(a1)
-    assert b1.state is TicketState.QUEUED
+    assert b1.state is RequestState.QUEUED
     s.on_finish(a2)
     swap_b = fx.last_swap()
     assert swap_b.waiters == [b1, b2]
@@ -161,7 +161,7 @@ def test_cancel_while_queued_never_loads() -> None:
     s.on_cancel(gone)
     s.on_finish(blocker)
     assert fx.swaps == []
-    assert gone.state is TicketState.DONE
+    assert gone.state is RequestState.DONE
     assert s.statistics().waiting == 0
 
 
@@ -189,7 +189,7 @@ def test_cancelled_load_unblocks_colliding_requests() -> None:
     a, b = ticket("a", 1), ticket("b", 2)
     s.on_request(a)
     s.on_request(b)
-    assert b.state is TicketState.QUEUED  # b would evict a, the target of a swap
+    assert b.state is RequestState.QUEUED  # b would evict a, the target of a swap
     s.on_cancel(a)
     assert fx.last_swap().target == "b"
 
@@ -234,7 +234,7 @@ def test_unload_fails_waiters_of_that_model_only() -> None:
     s.on_unload(["a"])
     assert [(t.model, type(e)) for t, e in fx.failed] == [("a", ModelUnloaded)]
     assert "unloaded" in str(fx.failed[0][1])
-    assert queued_b.state is TicketState.QUEUED
+    assert queued_b.state is RequestState.QUEUED
 
 
 def test_unload_of_a_loading_model_cancels_its_swap() -> None:
@@ -327,7 +327,7 @@ def test_matrix_keeps_a_busy_model_when_another_set_fits() -> None:
     s.on_request(loading := ticket("a", 2))
     # Evicting b would be cheaper, but b is serving: a loads at once beside it instead.
     assert fx.last_swap().evict == {"c"}
-    assert loading.state is TicketState.LOADING
+    assert loading.state is RequestState.LOADING
     assert fx.granted == [serving]
 
 
@@ -339,7 +339,7 @@ def test_matrix_waits_when_every_set_evicts_a_busy_model_then_picks_again() -> N
     s.on_request(on_c := ticket("c", 2))
     s.on_request(waiting := ticket("a", 3))
     assert fx.swaps == []
-    assert waiting.state is TicketState.QUEUED
+    assert waiting.state is RequestState.QUEUED
     s.on_finish(on_c)  # c drained: evicting it is dearer than b, but needs no wait
     assert fx.last_swap().evict == {"c"}
     fx.complete(s, fx.last_swap())
@@ -361,7 +361,7 @@ def test_matrix_loads_beside_a_model_being_loaded_when_another_set_fits() -> Non
     # that load. Evicting idle b instead, a loads at once, beside c's load.
     a_load = fx.last_swap()
     assert (a_load.target, a_load.evict) == ("a", frozenset({"b"}))
-    assert on_a.state is TicketState.LOADING
+    assert on_a.state is RequestState.LOADING
     fx.complete(s, c_load)
     fx.complete(s, a_load)
     assert fx.granted == [on_c, on_a]

@@ -23,10 +23,10 @@ from llamaswap.schedulers.base import (
     BandStatistics,
     Fail,
     Handover,
+    RequestState,
     Scheduler,
     SchedulerCounts,
     Ticket,
-    TicketState,
 )
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld, ticket
@@ -82,7 +82,7 @@ def test_one_request_at_a_time_across_models() -> None:
     blocker = hold_slot(fx, s, "a")
     same_model = ticket("a", 1)
     s.on_request(same_model)
-    assert same_model.state is TicketState.QUEUED  # even a ready model waits for the slot
+    assert same_model.state is RequestState.QUEUED  # even a ready model waits for the slot
     assert s.statistics().slot_holder == "a"
     assert order_served(fx, s, blocker) == [same_model]
 
@@ -197,10 +197,10 @@ def test_a_load_holds_the_slot_and_nothing_is_preempted() -> None:
     swap = fx.last_swap()
     urgent = ticket("b", 2, priority=10**6)
     s.on_request(urgent)
-    assert urgent.state is TicketState.QUEUED
+    assert urgent.state is RequestState.QUEUED
     fx.complete(s, swap)
     assert fx.granted == [loading]
-    assert urgent.state is TicketState.QUEUED
+    assert urgent.state is RequestState.QUEUED
     s.on_finish(loading)
     assert fx.last_swap().target == "b"
 
@@ -233,7 +233,7 @@ def test_cancel_during_load_hands_the_load_to_another_request_for_that_model() -
     s.on_cancel(loading)
     assert fx.cancelled == []
     assert swap.waiters == [same]
-    assert same.state is TicketState.LOADING
+    assert same.state is RequestState.LOADING
     fx.complete(s, swap)
     assert fx.granted == [same]
 
@@ -293,7 +293,7 @@ def test_pages_skip_the_slot_when_their_model_is_ready() -> None:
     assert fx.granted[-1] is props
     cold_props = Ticket("b", seq=2, needs_slot=False)
     s.on_request(cold_props)  # its model must load: it waits for the slot like the rest
-    assert cold_props.state is TicketState.QUEUED
+    assert cold_props.state is RequestState.QUEUED
     s.on_finish(props)
     s.on_finish(blocker)
     assert fx.last_swap().waiters == [cold_props]
@@ -365,7 +365,7 @@ def test_a_slot_holder_waiting_for_a_model_to_drain_counts_as_waiting() -> None:
     s.on_request(props := Ticket("a", seq=1, needs_slot=False))
     s.on_request(wants_b := ticket("b", 2, priority=-100, arrival=1.0))
     s.on_request(later := ticket("b", 3, arrival=2.0))
-    assert wants_b.state is TicketState.QUEUED
+    assert wants_b.state is RequestState.QUEUED
     assert wants_b.dispatched_at is None
     fx.time = 5.0
     stats = s.statistics()
@@ -401,7 +401,7 @@ def test_pages_do_not_hold_off_a_swap_waiting_for_their_model() -> None:
     s.on_request(wants_b)  # holds the slot, waiting for 'a' to drain
     later_page = Ticket("a", seq=3, needs_slot=False)
     s.on_request(later_page)
-    assert later_page.state is TicketState.QUEUED  # not let through: 'a' must drain
+    assert later_page.state is RequestState.QUEUED  # not let through: 'a' must drain
     s.on_finish(first_page)
     assert fx.last_swap().waiters == [wants_b]
 
@@ -485,7 +485,7 @@ def test_a_better_request_for_another_model_stops_new_grants_until_the_slots_fre
     s.on_finish(first)
     swap = fx.last_swap()
     assert (swap.target, swap.evict, swap.waiters) == ("b", frozenset({"a"}), [urgent])
-    assert later_a.state is TicketState.QUEUED
+    assert later_a.state is RequestState.QUEUED
 
 
 def test_requests_for_a_model_being_loaded_share_its_load_up_to_the_slots() -> None:
@@ -496,7 +496,7 @@ def test_requests_for_a_model_being_loaded_share_its_load_up_to_the_slots() -> N
         s.on_request(t)
     assert len(fx.swaps) == 1
     assert fx.last_swap().waiters == [lead, second]
-    assert third.state is TicketState.QUEUED
+    assert third.state is RequestState.QUEUED
     s.on_cancel(lead)  # the load goes on: another holder waits for it
     assert fx.cancelled == []
     fx.complete(s, fx.last_swap())
@@ -599,7 +599,7 @@ def test_a_switched_in_scheduler_takes_over_the_old_ones_load(before: str, after
     new.on_request(other := ticket("b", 2))  # would evict 'a' mid-load: waits
     new.on_request(same := ticket("a", 3))  # joins the load (fifo), or waits for the slot
     assert fx.swaps == [a_load]
-    assert other.state is TicketState.QUEUED
+    assert other.state is RequestState.QUEUED
     fx.complete(new, a_load)
     assert fx.granted[0] is loading
     assert fx.swaps == [a_load]  # 'a' serves: nothing evicts it yet
@@ -673,7 +673,7 @@ def test_a_scheduler_taking_over_refuses_what_it_would_not_admit(use: str) -> No
     first, second = ticket("a", 1), ticket("a", 2)
     failed = [d for d in new.adopt(Handover(waiting=(first, second))) if isinstance(d, Fail)]
     assert [(d.ticket, type(d.error)) for d in failed] == [(second, ConcurrencyLimit)]
-    assert first.state is not TicketState.DONE
+    assert first.state is not RequestState.DONE
 
 
 @pytest.mark.parametrize("use", ["fifo", "serial"])
@@ -697,5 +697,5 @@ def test_a_surrendered_scheduler_hands_over_everything_and_its_counts_are_final(
     assert loading in a_load.waiters
     stats = old.statistics()
     assert (stats.waiting, stats.loading, stats.swaps) == (0, 0, ())
-    assert all(t.state is TicketState.QUEUED for t in handover.waiting)
+    assert all(t.state is RequestState.QUEUED for t in handover.waiting)
     assert SchedulerCounts.of(old.statistics()) == counts
