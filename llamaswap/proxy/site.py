@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Sequence
 
 from hypercorn.typing import HTTPScope
 
@@ -147,12 +146,19 @@ def _hint(inference: bool) -> str:
     )
 
 
-def _host_allowed(hosts: list[bytes], allowed: Sequence[str], listen_host: str | None) -> bool:
+def _host_allowed(hosts: list[bytes], allowed: tuple[str, ...], listen_host: str | None) -> bool:
     if "*" in allowed:
         return True
     if len(hosts) != 1:
         return False  # RFC 9112 §3.2: exactly one
-    parsed = _authority(hosts[0].decode("latin-1"))
+    return _one_host_allowed(hosts[0], allowed, listen_host)
+
+
+@functools.lru_cache(maxsize=256)
+def _one_host_allowed(host: bytes, allowed: tuple[str, ...], listen_host: str | None) -> bool:
+    """Whether ``host`` is a Host llamaswap answers to. Cached: clients send the same one
+    on every request, and parsing an address is a few microseconds."""
+    parsed = _authority(host.decode("latin-1"))
     if parsed is None:
         return False
     name = parsed[0]
