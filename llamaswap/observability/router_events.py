@@ -3,8 +3,16 @@
 Everything here is derived from the router's one stream of events (``Router.observe``,
 ``router/events.py``), in the order they happen:
 
-- ``model``: a supervisor's state change (``ModelStateChanged``), with its PID; and
-  once more while a model starts, when its process runs (``ModelSpawned``).
+- ``model``: everything the dashboard shows of a model (``_model``): its state and PID,
+  its TTL countdown (the time left, or paused while requests want it), how long it has
+  been loading or ready, its requests in flight and waiting. Sent at once on a
+  supervisor's state change (``ModelStateChanged``) and while a model starts, when its
+  process runs (``ModelSpawned``), so that every state is seen, in order with the
+  requests' events. A request's admission, grant and release change the counts and the
+  TTL: they mark the model changed, and the hub coalesces those (one event per model at
+  most every 100 ms), built once the router's step is over, when its supervisor has
+  heard of the change too. **The times are read from the router's own statistics, never
+  re-derived here.**
 - ``request``: a request's lifecycle. ``queued`` at admission and ``done`` /
   ``cancelled`` at release come from ``RequestChanged``; ``loading`` (``JoinSwap``),
   ``serving`` (``Grant``) and ``failed`` (``Fail``, with the error) from the scheduler's
@@ -20,15 +28,19 @@ Everything here is derived from the router's one stream of events (``Router.obse
 
 ``snapshot()`` is the first event a subscriber gets: all of the above as it stands, so
 that a client that connects late needs no other call. Durations are in milliseconds;
-a request's ``waited_ms`` is its time in the queue, as in ``/api/inflight``.
+a request's ``waited_ms`` is its time in the queue, as in ``/api/inflight``. Times are
+durations measured when the event is built (``ttl_left_ms``, ``loaded_for_ms``): the
+client's clock is not Trio's, nor need it agree with this machine's.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, final
 
 import trio
 
+from llamaswap.process import ModelState
 from llamaswap.router.events import (
     DecisionApplied,
     ModelSpawned,
@@ -103,6 +115,7 @@ class RouterEvents:
         if not self._hub.active:
             return
         self._hub.publish_soon(_QUEUE, self._queue_event)
+        self._model_soon(lease.ticket.model)  # wanted by one more, or one fewer
         if event != "failed":  # published with its error when the Fail was applied
             self._hub.publish(_from_info(lease.info(), event, trio.current_time()))
 
@@ -114,6 +127,7 @@ class RouterEvents:
             self._hub.publish(_from_ticket(decision.ticket, "loading"))
         elif isinstance(decision, Grant):
             self._hub.publish(_from_ticket(decision.ticket, "serving"))
+            self._model_soon(decision.ticket.model)  # one more in flight
         elif isinstance(decision, Fail):
             self._hub.publish(_from_ticket(decision.ticket, "failed", str(decision.error)))
 
@@ -127,9 +141,34 @@ class RouterEvents:
         if self._hub.active:
             self._hub.publish({"type": "model", **self._model(model)})
 
+    def _model_soon(self, model: str) -> None:
+        self._hub.publish_soon(f"model {model}", partial(self._model_event, model))
+
+    def _model_event(self, model: str) -> Event | None:
+        """``model`` as it is now, unless a reload removed it and it is forgotten."""
+        if model not in self._router.known_models():
+            return None
+        return {"type": "model", **self._model(model)}
+
     def _model(self, model: str) -> dict[str, Any]:
-        stats = self._router.statistics(model)
-        return {"model": model, "state": stats.state.value, "pid": stats.pid}
+        router = self._router
+        stats = router.statistics(model)
+        ttl = router.definition(model).ttl
+        now = trio.current_time()
+        left = stats.ttl_left(now) if ttl > 0 else None
+        return {
+            "model": model,
+            "state": stats.state.value,
+            "pid": stats.pid,
+            "ttl": ttl if ttl > 0 else None,
+            "ttl_left_ms": None if left is None else _ms(left),
+            # Ready with a ttl that does not run: requests for it wait or are served.
+            "ttl_paused": stats.state is ModelState.READY and ttl > 0 and left is None,
+            "loading_for_ms": _since(stats.starting_since, now),
+            "loaded_for_ms": _since(stats.ready_since, now),
+            "in_flight": stats.in_flight,
+            "waiting": max(0, router.wanted(model) - stats.in_flight),
+        }
 
     def _queue_state(self) -> dict[str, Any]:
         scheduler = self._router.scheduler
@@ -157,6 +196,10 @@ class RouterEvents:
             return None
         self._last_queue = event
         return event
+
+
+def _since(moment: float | None, now: float) -> float | None:
+    return None if moment is None else _ms(now - moment)
 
 
 def _from_info(info: RequestInfo, state: str, now: float, error: str | None = None) -> Event:

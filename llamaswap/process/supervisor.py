@@ -60,10 +60,21 @@ class ModelStatistics:
     crashes: int
     last_exit_code: int | None
     ready_since: float | None
+    #: When the model unloads for idleness: ``inf`` unless it is ready, has a ``ttl`` and
+    #: no request wants it (waiting or in flight).
     idle_deadline: float
     #: The ``proxy`` of the server running, or of the last one that ran (a reload may
     #: have given the next start another); None before the first start.
     address: str | None = None
+    #: When its load began, while it is ``starting``; None otherwise.
+    starting_since: float | None = None
+
+    def ttl_left(self, now: float) -> float | None:
+        """Seconds until the model is unloaded for idleness (0 when overdue), or None
+        while that countdown does not run: not ready, no ``ttl``, or requests want it."""
+        if self.state is ModelState.READY and self.idle_deadline != math.inf:
+            return max(0.0, self.idle_deadline - now)
+        return None
 
 
 @attrs.define(eq=False)
@@ -143,6 +154,7 @@ class ModelSupervisor:
         self._crashes = 0
         self._last_exit_code: int | None = None
         self._ready_since: float | None = None
+        self._starting_since: float | None = None
         self._address: str | None = None
 
     # ---------------------------------------------------------------- service
@@ -177,6 +189,7 @@ class ModelSupervisor:
             ready_since=self._ready_since,
             idle_deadline=self._idle_deadline,
             address=self._address,
+            starting_since=self._starting_since,
         )
 
     # ------------------------------------------------------------ public API
@@ -350,9 +363,8 @@ class ModelSupervisor:
             return
         self._ready_since = trio.current_time()
         logger.info("model %r: ready", self.model_id)
-        self._set_state(ModelState.READY)
+        self._set_state(ModelState.READY)  # its TTL armed
         run.settled.set()
-        self._arm_ttl()
         code = await process.wait()
         self._crashes += 1
         self._exited(run)
@@ -522,7 +534,11 @@ class ModelSupervisor:
     def _set_state(self, new: ModelState) -> None:
         check_transition(self.model_id, self._state, new)
         self._state = new
-        if new is not ModelState.READY:
+        self._starting_since = trio.current_time() if new is ModelState.STARTING else None
+        # Before the listener: whoever it tells reads statistics() that match the state.
+        if new is ModelState.READY:
+            self._arm_ttl()
+        else:
             self._set_idle_deadline(math.inf)
         if self._listener is not None:
             self._listener(self.model_id, new)

@@ -190,10 +190,20 @@ class Events:
             await self._changed.wait()
 
     def lifecycle(self) -> list[tuple[Any, ...]]:
-        """Model and request events, by their telling fields, in arrival order."""
+        """Model and request events, by their telling fields, in arrival order; a model
+        event that repeats its model's state and PID (sent again for its counts and TTL
+        as requests come and go) only once."""
         seen: list[tuple[Any, ...]] = []
+        last: dict[str, tuple[Any, Any]] = {}
         for event in self.events:
-            if event["type"] == "model":
+            if event["type"] == "snapshot":
+                last.update(
+                    {entry["model"]: (entry["state"], entry["pid"]) for entry in event["models"]}
+                )
+            elif event["type"] == "model":
+                if last.get(event["model"]) == (event["state"], event["pid"]):
+                    continue
+                last[event["model"]] = (event["state"], event["pid"])
                 seen.append(("model", event["model"], event["state"]))
             elif event["type"] == "request":
                 seen.append(("request", event["model"], event["state"]))
@@ -393,7 +403,21 @@ async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_st
     assert starting == [None, ready["pid"]]
     # The late client's first event is the whole state: the model is running, with its PID.
     assert snapshot["type"] == "snapshot"
-    assert snapshot["models"] == [{"model": "alpha", "state": "ready", "pid": ready["pid"]}]
+    assert snapshot["models"] == [
+        {
+            "model": "alpha",
+            "state": "ready",
+            "pid": ready["pid"],
+            "ttl": None,
+            "ttl_left_ms": None,
+            "ttl_paused": False,
+            "loading_for_ms": None,
+            "loaded_for_ms": snapshot["models"][0]["loaded_for_ms"],
+            "in_flight": 0,
+            "waiting": 0,
+        }
+    ]
+    assert snapshot["models"][0]["loaded_for_ms"] > 0
     assert snapshot["requests"] == []
     assert [r["path"] for r in snapshot["activity"]] == ["/v1/chat/completions"]
     assert late.lifecycle() == [("model", "alpha", "stopping"), ("model", "alpha", "stopped")]

@@ -37,7 +37,7 @@ from tests.e2e.test_operations import cancelled_error, inflight
 from tests.e2e.test_proxy import chat, config
 
 with contextlib.suppress(ImportError):  # without it the browser tests skip, saying why
-    from playwright.sync_api import Locator, Page, expect, sync_playwright
+    from playwright.sync_api import Locator, Page, Route, expect, sync_playwright
 
 pytestmark = pytest.mark.ui
 
@@ -650,6 +650,17 @@ async def test_after_llamaswap_restarts_the_activity_table_is_the_new_process_s(
     await in_browser(first.url, body)
 
 
+def without_times(route: Route) -> None:
+    """``/v1/models`` with every model's ``ttl``, ``ttl_left`` and ``loaded_since`` null."""
+    answer = route.fetch()
+    listed = answer.json()
+    for entry in listed["data"]:
+        status = entry.get("meta", {}).get("llamaswap")
+        if status is not None:
+            status.update(ttl=None, ttl_left=None, loaded_since=None)
+    route.fulfill(response=answer, json=listed)
+
+
 @needs_browser
 async def test_a_request_waiting_for_a_ready_model_pauses_its_ttl_until_it_leaves(
     proxy_factory: StartProxy,
@@ -685,12 +696,23 @@ async def test_a_request_waiting_for_a_ready_model_pauses_its_ttl_until_it_leave
             assert await ttl_left(client) is None
 
         def body(tab: Tab) -> None:
+            # The page shows what the events say: with /v1/models saying nothing of the
+            # TTL or of since when a model is loaded, the card says it all the same.
+            tab.page.route(re.compile(r"/v1/models$"), without_times)
             tab.open()
-            ttl = tab.model("beta").locator('[data-role="ttl"]')
+            beta = tab.model("beta")
+            ttl = beta.locator('[data-role="ttl"]')
             expect(ttl).to_have_text("paused", timeout=WAIT)
+            expect(ttl).to_have_attribute("title", re.compile(r"the 5m 00s countdown"))
+            expect(beta.locator('[data-role="since"]')).to_have_text(re.compile(r" ago$"))
+            expect(beta.locator('[data-role="waiting"]')).to_have_text("1")
             row = tab.page.locator(f'#waiting tbody tr[data-key="{waiting}"]')
             row.get_by_role("button", name="Cancel").click()
             expect(ttl).to_have_text(re.compile(r"^[45]m \d\ds$"), timeout=WAIT)
+            expect(beta.locator('[data-role="waiting"]')).to_have_text("0")
+            # Between events the countdown runs on, on the page's own clock.
+            shown = ttl.inner_text()
+            expect(ttl).not_to_have_text(shown, timeout=WAIT)
 
         await in_browser(proxy.url, body)
         with trio.fail_after(10):

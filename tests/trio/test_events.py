@@ -56,6 +56,30 @@ def brief(event: Event) -> tuple[Any, ...]:
     return (event["type"],)
 
 
+def transitions(events: list[Event]) -> list[Event]:
+    """``events`` less the model events that repeat their model's state and PID: a
+    request's admission, grant or release sends its model again, for its counts and TTL.
+    A model not in a snapshot before is taken to be stopped."""
+    last: dict[str, tuple[Any, Any]] = {}
+    kept: list[Event] = []
+    for event in events:
+        if event["type"] == "snapshot":
+            last.update(
+                {entry["model"]: (entry["state"], entry["pid"]) for entry in event["models"]}
+            )
+        elif event["type"] == "model":
+            now = (event["state"], event["pid"])
+            if last.get(event["model"], ("stopped", None)) == now:
+                continue
+            last[event["model"]] = now
+        kept.append(event)
+    return kept
+
+
+def models(events: list[Event]) -> list[Event]:
+    return [event for event in events if event["type"] == "model"]
+
+
 # ------------------------------------------------------------ coalescing, heartbeat
 
 
@@ -259,6 +283,7 @@ async def test_load_serve_unload_arrive_in_order(
             assert trio.current_time() == pytest.approx(start_time + 1.0)  # polled every 20 ms
         await router.unload(["a"])
         got += take(feed, skip=("queue",))
+    got = transitions(got)
     pid = spawner.last.pid
     assert [brief(event) for event in got] == [
         ("snapshot",),
@@ -316,7 +341,7 @@ async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
             async with router.acquire(router.lease("a")):
                 pytest.fail("the load takes 10 s")
         await trio.testing.wait_all_tasks_blocked()
-        got = take(feed, skip=("queue",))
+        got = transitions(take(feed, skip=("queue",)))
     assert [brief(event) for event in got] == [
         ("request", 0, "queued"),
         ("request", 0, "loading"),
@@ -325,6 +350,89 @@ async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
         ("request", 0, "cancelled"),
         ("model", "a", "stopping", spawner.last.pid),
         ("model", "a", "stopped", None),
+    ]
+
+
+def shown(state: str, **fields: object) -> dict[str, object]:
+    """A model event of ``a`` (ttl 60 s), with ``fields`` differing from a stopped one."""
+    stopped = {
+        "type": "model",
+        "model": "a",
+        "pid": None,
+        "ttl": 60.0,
+        "ttl_left_ms": None,
+        "ttl_paused": False,
+        "loading_for_ms": None,
+        "loaded_for_ms": None,
+        "in_flight": 0,
+        "waiting": 0,
+    }
+    return {**stopped, "state": state, **fields}
+
+
+async def test_model_events_say_what_the_page_shows(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """State, PID, the TTL countdown or its pause, how long it has loaded or been ready,
+    the requests in flight and waiting: as the router has them, never re-derived."""
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, events, _ = await start(nursery, spawner, a=model(1, ttl=60.0))
+    with hub.subscribe(first=events.snapshot) as feed:
+        async with router.acquire(router.lease("a")):
+            await trio.sleep(0.5)
+            loading = take(feed)
+        await trio.sleep(0.5)
+        released = take(feed)
+        await trio.sleep(10.0)
+        later = events.snapshot()["models"]
+    pid = spawner.last.pid
+    assert [{"type": "model", **entry} for entry in loading[0]["models"]] == [shown("stopped")]
+    # Its load's request wants it: its TTL is paused from the moment it is ready.
+    assert models(transitions(loading)) == [
+        shown("starting", loading_for_ms=0.0, waiting=1),
+        shown("starting", pid=pid, loading_for_ms=0.0, waiting=1),
+        shown("ready", pid=pid, ttl_paused=True, loaded_for_ms=0.0, waiting=1),
+    ]
+    # Granted at once: in flight, and still paused.
+    serving = shown("ready", pid=pid, ttl_paused=True, loaded_for_ms=0.0, in_flight=1)
+    assert models(loading)[-1] == serving
+    # Released half a second later: the countdown runs, from its full 60 s.
+    assert models(released) == [shown("ready", pid=pid, ttl_left_ms=60000.0, loaded_for_ms=500.0)]
+    counting = shown("ready", pid=pid, ttl_left_ms=49500.0, loaded_for_ms=11000.0)
+    assert [{"type": "model", **entry} for entry in later] == [counting]
+
+
+async def test_a_model_event_goes_out_as_requests_are_admitted_granted_and_released(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """Under serial, one request holds the slot while a second one waits for it."""
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    router, hub, _, _ = await start(nursery, spawner, "serial", a=model(1, ttl=60.0))
+    await router.load("a")  # ready now, nobody listening
+    pid = spawner.last.pid
+
+    async def hold() -> None:
+        async with router.acquire(router.lease("a")):
+            await trio.sleep(1.0)
+
+    with hub.subscribe() as feed:
+        seen: list[Event] = []
+        nursery.start_soon(hold)  # served at once
+        await trio.sleep(0.25)
+        seen += models(take(feed))
+        nursery.start_soon(hold)  # waits for the slot
+        await trio.sleep(0.5)
+        seen += models(take(feed))
+        await trio.sleep(0.5)  # at +1 s the first leaves and the second is served
+        seen += models(take(feed))
+        await trio.sleep(1.0)  # at +2 s the second leaves: its countdown starts
+        seen += models(take(feed))
+    paused = {"pid": pid, "ttl_paused": True, "in_flight": 1}
+    assert seen == [
+        shown("ready", **paused, loaded_for_ms=0.0),
+        shown("ready", **paused, loaded_for_ms=250.0, waiting=1),
+        shown("ready", **paused, loaded_for_ms=1000.0),  # one event for both
+        shown("ready", pid=pid, ttl_left_ms=60000.0, loaded_for_ms=2000.0),
     ]
 
 
@@ -344,7 +452,7 @@ async def test_queue_events_follow_the_depth(
             await trio.sleep(0.5)
             nursery.start_soon(request_b)  # must evict 'a', which is busy: queued
             await trio.sleep(1.0)
-            queued = take(feed, skip=("request",))
+            queued = take(feed, skip=("request", "model"))
         await trio.sleep(2.0)
         later = take(feed)
     after = [event for event in later if event["type"] == "queue"]
@@ -450,9 +558,25 @@ async def test_a_late_subscriber_gets_the_state_first(
     assert rest == []
     assert snapshot["type"] == "snapshot"
     assert snapshot["scheduler"] == "fifo"
+    stopped = {
+        "ttl": None,
+        "ttl_left_ms": None,
+        "ttl_paused": False,
+        "loading_for_ms": None,
+        "loaded_for_ms": None,
+        "in_flight": 0,
+        "waiting": 0,
+    }
     assert snapshot["models"] == [
-        {"model": "a", "state": "ready", "pid": spawner.last.pid},
-        {"model": "b", "state": "stopped", "pid": None},
+        {
+            **stopped,
+            "model": "a",
+            "state": "ready",
+            "pid": spawner.last.pid,
+            "loaded_for_ms": 500.0,
+            "in_flight": 1,
+        },
+        {**stopped, "model": "b", "state": "stopped", "pid": None},
     ]
     assert snapshot["requests"] == [
         {

@@ -116,23 +116,23 @@ export function mountModels(store) {
       took = `${fmt.duration(now - model.loadStarted)}…`;
     }
     setText(part(el, "took"), took);
-    const inFlight = store.inFlight(model.id);
+    // What the last model event said: its countdown runs on here between events.
     let ttl = "—";
     let ttlTitle = null;
-    if (info && info.ttl === null) {
+    if (model.ttl === null) {
       ttl = "none";
       ttlTitle = "no ttl: it stays loaded until evicted or unloaded";
-    } else if (model.state === "ready" && store.wanted(model.id) > 0) {
+    } else if (model.ttlPaused) {
       ttl = "paused";
-      ttlTitle = `the ${fmt.duration(info?.ttl * 1000)} countdown starts again when the requests for it finish`;
+      ttlTitle = `the ${fmt.duration(model.ttl * 1000)} countdown starts again when the requests for it finish`;
     } else if (model.ttlDeadline !== null) {
       ttl = fmt.duration(Math.max(0, model.ttlDeadline - now));
       ttlTitle = `unloaded at ${fmt.clock(model.ttlDeadline)} if no request comes`;
     }
     setText(part(el, "ttl"), ttl);
     setAttr(part(el, "ttl"), "title", ttlTitle);
-    setText(part(el, "inflight"), inFlight);
-    setText(part(el, "waiting"), store.waitingFor(model.id));
+    setText(part(el, "inflight"), model.inFlight);
+    setText(part(el, "waiting"), model.waiting);
     const waitingForLoad = [...store.requests.values()].some(
       (request) => request.model === model.id && request.state === "loading",
     );

@@ -1,16 +1,13 @@
 // The dashboard's picture of llamaswap, kept up to date by /api/events.
 //
-// A snapshot replaces everything; each later event changes one thing. What the events do
-// not carry is derived here, the way the server derives it:
-// - in flight per model = its requests in state "serving" (granted, not yet released:
-//   the router's own count);
-// - the TTL countdown restarts when a ready model's last request finishes or leaves, as
-//   the supervisor's idle deadline does; it is paused while requests for the model wait
-//   or are in flight;
-// - how long a load took = from its "starting" event to its "ready" event.
-// GET /v1/models (names, ttl, loaded_since, ttl_left) is read with each snapshot (the
-// app reconnects after a reload) and after a model changes state: on events, never on a
-// timer.
+// A snapshot replaces everything; each later event changes one thing. A model event says
+// all the page shows of it (its TTL countdown or that it is paused, how long it has
+// loaded or been ready, its requests in flight and waiting): the page keeps no rule of
+// its own. Times come as durations at the moment they were sent, and become moments on
+// this page's clock as they arrive, so that a countdown runs on between events. How long
+// a load took is the page's own measure: from its "starting" event to its "ready" event.
+// GET /v1/models (names, descriptions, which models are listed) is read with each
+// snapshot (the app reconnects after a reload), never on a timer.
 
 import * as api from "./api.js";
 
@@ -31,7 +28,6 @@ export class Store {
     this.listed = new Map(); // /v1/models entries of local models, by ID
     this.peers = [];
     this.reset();
-    this.refreshTimer = null;
   }
 
   reset() {
@@ -104,16 +100,7 @@ export class Store {
     this.reset();
     this.scheduler = event.scheduler;
     for (const entry of event.models) {
-      const model = this.model(entry.model, previous.get(entry.model));
-      if (model.state !== entry.state || model.pid !== entry.pid) {
-        // Not the state this page followed (llamaswap may have restarted): what it
-        // measured of that one no longer holds. GET /v1/models says the rest.
-        model.loadedSince = null;
-        model.ttlDeadline = null;
-        model.loadStarted = null;
-      }
-      model.state = entry.state;
-      model.pid = entry.pid;
+      this.follow(this.model(entry.model, previous.get(entry.model)), entry);
     }
     for (const request of event.requests) this.requests.set(request.id, this.stamp(request));
     this.queue = { ...event.queue, scores: event.queue.scores ?? [], at: performance.now() };
@@ -125,37 +112,34 @@ export class Store {
 
   onModel(event) {
     const model = this.model(event.model);
-    const now = Date.now();
-    if (event.state === "starting" && model.state !== "starting") model.loadStarted = now;
-    if (event.state === "ready" && model.state === "starting" && model.loadStarted !== null) {
-      model.lastLoadMs = now - model.loadStarted;
+    const { state, loadStarted } = model;
+    this.follow(model, event);
+    if (event.state === "ready" && state === "starting" && loadStarted !== null) {
+      model.lastLoadMs = model.loadedSince - loadStarted;
     }
-    if (event.state === "ready") {
-      model.loadedSince = now;
-      this.restartTtl(model);
-    } else {
-      model.ttlDeadline = null;
-      if (event.state !== "stopping") model.loadedSince = null;
-    }
-    if (event.state !== "starting") model.loadStarted = null;
-    model.state = event.state;
-    model.pid = event.pid;
     this.emit("models");
-    this.refreshModelsSoon();
+  }
+
+  // What a model event (or a snapshot's entry) says, its durations as moments on this
+  // page's clock.
+  follow(model, entry) {
+    const now = Date.now();
+    const at = (ms, sign) => (ms === null ? null : now + sign * ms);
+    model.state = entry.state;
+    model.pid = entry.pid;
+    model.ttl = entry.ttl;
+    model.ttlDeadline = at(entry.ttl_left_ms, 1);
+    model.ttlPaused = entry.ttl_paused;
+    model.loadStarted = at(entry.loading_for_ms, -1);
+    model.loadedSince = at(entry.loaded_for_ms, -1);
+    model.inFlight = entry.in_flight;
+    model.waiting = entry.waiting;
   }
 
   onRequest(event) {
-    const model = this.models.get(event.model);
-    const before = model ? this.inFlight(event.model) : 0;
-    const wantedBefore = model ? this.wanted(event.model) : 0;
     if (FINISHED.has(event.state)) this.requests.delete(event.id);
     else this.requests.set(event.id, this.stamp(event));
     this.emit("requests", event);
-    if (model) {
-      if (this.wanted(event.model) > 0) model.ttlDeadline = null;
-      else if (wantedBefore > 0) this.restartTtl(model);
-      if (this.inFlight(event.model) !== before) this.emit("models");
-    }
   }
 
   stamp(request) {
@@ -171,41 +155,18 @@ export class Store {
         id,
         state: "stopped",
         pid: null,
-        loadedSince: null,
+        ttl: null,
         ttlDeadline: null,
+        ttlPaused: false,
         loadStarted: null,
+        loadedSince: null,
         lastLoadMs: null,
+        inFlight: 0,
+        waiting: 0,
       };
       this.models.set(id, model);
     }
     return model;
-  }
-
-  restartTtl(model) {
-    const ttl = this.listed.get(model.id)?.ttl ?? null;
-    const idle = this.wanted(model.id) === 0;
-    model.ttlDeadline = ttl !== null && idle && model.state === "ready" ? Date.now() + ttl * 1000 : null;
-  }
-
-  inFlight(id) {
-    let count = 0;
-    for (const request of this.requests.values()) {
-      if (request.model === id && request.state === "serving") count += 1;
-    }
-    return count;
-  }
-
-  // Requests for the model, waiting or in flight.
-  wanted(id) {
-    return this.inFlight(id) + this.waitingFor(id);
-  }
-
-  waitingFor(id) {
-    let count = 0;
-    for (const request of this.requests.values()) {
-      if (request.model === id && request.state !== "serving") count += 1;
-    }
-    return count;
   }
 
   // Shown: every model /v1/models lists, and any other that is running (unlisted ones).
@@ -215,13 +176,7 @@ export class Store {
     );
   }
 
-  refreshModelsSoon() {
-    clearTimeout(this.refreshTimer);
-    this.refreshTimer = setTimeout(() => this.refreshModels(), 150);
-  }
-
   async refreshModels() {
-    clearTimeout(this.refreshTimer);
     let body;
     try {
       body = await api.json("v1/models");
@@ -230,7 +185,6 @@ export class Store {
     }
     const listed = new Map();
     const peers = [];
-    const now = Date.now();
     for (const entry of body.data) {
       const status = entry.meta?.llamaswap;
       if (entry.meta?.peer !== undefined) {
@@ -238,16 +192,7 @@ export class Store {
         continue;
       }
       if (!status || !this.models.has(entry.id)) continue; // an alias entry, or not ours
-      listed.set(entry.id, {
-        name: entry.name,
-        description: entry.description,
-        ttl: status.ttl,
-      });
-      const model = this.models.get(entry.id);
-      if (status.state === model.state) {
-        model.loadedSince = status.loaded_since ? Date.parse(status.loaded_since) : null;
-        model.ttlDeadline = status.ttl_left === null ? null : now + status.ttl_left * 1000;
-      }
+      listed.set(entry.id, { name: entry.name, description: entry.description });
     }
     this.listed = listed;
     this.peers = peers;
