@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import final
-from urllib.parse import quote, unquote_to_bytes
 
 import attrs
 import trio
@@ -71,7 +69,7 @@ from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
 from .operations import client_address
-from .routes import METHODS, UPSTREAM_PREFIX, Route
+from .routes import METHODS, Route, slash_location, upstream_target
 
 __all__ = ["SMALL_BODY", "Forwarder"]
 
@@ -91,9 +89,6 @@ _READ = frozenset(
 )
 #: The routes ``anthropic = "translate"`` answers by way of chat completions.
 _MESSAGES = (anthropic.MESSAGES_PATH, anthropic.COUNT_TOKENS_PATH)
-#: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
-_PATH_SAFE = "/:@!$&'()*+,;=-._~"
-_HEX = re.compile(rb"[0-9A-Fa-f]{2}")
 
 #: Bodies up to this size (by Content-Length) are handled in one piece: answers are relayed
 #: in one send rather than chunk by chunk (event streams never have a Content-Length), and
@@ -260,13 +255,11 @@ class Forwarder:
         priority = headers.get(PRIORITY_HEADER)
         exchange.priority = 0 if priority is None else parse_priority([priority])
         if route.model_in is None:
-            name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
-            target, path = self._names.resolve_path(name, rest)
-            _refuse_dot_segments(scope["path"], path)
-            if path == "/" and not scope["path"].endswith("/"):
+            name, target, upstream_path = upstream_target(scope, self._names)
+            if upstream_path is None:
                 await _redirect_to_slash(scope, reply)
                 return
-            path = _as_escaped(scope, path)
+            path = upstream_path
             # A small body is read now, so that a disconnect while queued is noticed; a
             # large or chunked one streams through once the model is ready.
             small = declared.isdigit() and int(declared) <= SMALL_BODY
@@ -460,10 +453,7 @@ class _Upstream:
 async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:
     """``/upstream/{model}`` → ``/upstream/{model}/``, as llama-swap answers: relative links
     in the model server's own pages then resolve under it. 308 keeps the method and body."""
-    location = quote(scope["path"], safe=_PATH_SAFE) + "/"
-    if scope["query_string"]:
-        location += "?" + scope["query_string"].decode("latin-1")
-    headers = [(b"location", location.encode("latin-1")), (b"content-length", b"0")]
+    headers = [(b"location", slash_location(scope)), (b"content-length", b"0")]
     await reply.start(301 if scope["method"] in ("GET", "HEAD") else 308, headers)
     await reply.body(b"", more=False)
 
@@ -486,40 +476,6 @@ def _rewrite(
     if route.model_in is ModelIn.QUERY and rename:
         query = rewrite_query(query, rename)
     return payload, query
-
-
-def _refuse_dot_segments(full: str, rest: str) -> None:
-    """Raises BadRequest if ``rest``, the decoded path after ``/upstream/{model}``, has a
-    ``.`` or ``..`` segment (RFC 3986 §5.2.4; ``%2e`` decodes to ``.``, and a ``%2F``
-    inside a segment is taken as the ``/`` a server may decode it to).
-
-    A model server resolves them: ``/upstream/m/../../x`` would ask it for ``/x``, and a
-    peer's server for what lies outside its ``proxy`` path. Browsers resolve them before
-    sending, so only a client that means it sends one: refusing is clearer than
-    resolving."""
-    for segment in rest.split("/"):
-        if segment in (".", ".."):
-            model = full[: len(full) - len(rest)]
-            raise BadRequest(
-                f"the path after {model!r} has a {segment!r} segment (RFC 3986 dot "
-                "segments, %2E included): llamaswap does not pass them to the model server; "
-                "send the path with them resolved"
-            )
-
-
-def _as_escaped(scope: HTTPScope, rest: str) -> str:
-    """``rest``, the decoded end of an ``/upstream/{model}{rest}`` path, as the client
-    escaped it (``a%2Fb`` stays one segment), found by walking the raw path past the part
-    that decodes to ``/upstream/{model}``; re-escaped from ``rest`` if they do not line up."""
-    raw: bytes = scope["raw_path"]
-    head = scope["path"][: len(scope["path"]) - len(rest)].encode()
-    index = decoded = 0
-    while decoded < len(head) and index < len(raw):
-        index += 3 if raw[index] == 0x25 and _HEX.fullmatch(raw[index + 1 : index + 3]) else 1
-        decoded += 1
-    if unquote_to_bytes(raw[:index]) != head or raw[index : index + 1] != b"/":
-        return quote(rest, safe=_PATH_SAFE)
-    return quote(raw[index:].decode("latin-1"), safe=_PATH_SAFE + "%")
 
 
 def _error_event(body: bytes, status: int, model: str) -> bytes:

@@ -3,14 +3,31 @@ names its model (SPEC §4.1)."""
 
 from __future__ import annotations
 
+import re
+from urllib.parse import quote, unquote_to_bytes
+
 import attrs
 from hypercorn.typing import HTTPScope
 
+from llamaswap.errors import BadRequest
+from llamaswap.router.names import Local, Names, Peer
+
 from .extract import ModelIn
 
-__all__ = ["INFERENCE", "METHODS", "UPSTREAM_PREFIX", "Route", "route"]
+__all__ = [
+    "INFERENCE",
+    "METHODS",
+    "UPSTREAM_PREFIX",
+    "Route",
+    "route",
+    "slash_location",
+    "upstream_target",
+]
 
 UPSTREAM_PREFIX = "/upstream/"
+#: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+_HEX = re.compile(rb"[0-9A-Fa-f]{2}")
 
 _J, _M, _Q = ModelIn.JSON, ModelIn.MULTIPART, ModelIn.QUERY
 INFERENCE: dict[tuple[str, str], ModelIn] = {
@@ -68,3 +85,63 @@ def route(scope: HTTPScope) -> Route | None:
     if found is not None:
         return found
     return _WRONG_METHOD if scope["path"] in METHODS else None
+
+
+def upstream_target(scope: HTTPScope, names: Names) -> tuple[str, Local | Peer, str | None]:
+    """What ``/upstream/{model}{rest}`` asks for: the name in the path, the model it
+    names, and ``rest`` as the client escaped it; None for ``rest`` when it is empty
+    (``/upstream/{model}``: answered with a redirect to ``slash_location``).
+
+    Raises:
+        ModelNotFound: no model by that name.
+        BadRequest: ``rest`` has dot segments.
+    """
+    name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
+    target, path = names.resolve_path(name, rest)
+    _refuse_dot_segments(scope["path"], path)
+    if path == "/" and not scope["path"].endswith("/"):
+        return name, target, None
+    return name, target, _as_escaped(scope, path)
+
+
+def slash_location(scope: HTTPScope) -> bytes:
+    """``/upstream/{model}`` → ``/upstream/{model}/``, as llama-swap answers: relative links
+    in the model server's own pages then resolve under it."""
+    location = quote(scope["path"], safe=_PATH_SAFE) + "/"
+    if scope["query_string"]:
+        location += "?" + scope["query_string"].decode("latin-1")
+    return location.encode("latin-1")
+
+
+def _refuse_dot_segments(full: str, rest: str) -> None:
+    """Raises BadRequest if ``rest``, the decoded path after ``/upstream/{model}``, has a
+    ``.`` or ``..`` segment (RFC 3986 §5.2.4; ``%2e`` decodes to ``.``, and a ``%2F``
+    inside a segment is taken as the ``/`` a server may decode it to).
+
+    A model server resolves them: ``/upstream/m/../../x`` would ask it for ``/x``, and a
+    peer's server for what lies outside its ``proxy`` path. Browsers resolve them before
+    sending, so only a client that means it sends one: refusing is clearer than
+    resolving."""
+    for segment in rest.split("/"):
+        if segment in (".", ".."):
+            model = full[: len(full) - len(rest)]
+            raise BadRequest(
+                f"the path after {model!r} has a {segment!r} segment (RFC 3986 dot "
+                "segments, %2E included): llamaswap does not pass them to the model server; "
+                "send the path with them resolved"
+            )
+
+
+def _as_escaped(scope: HTTPScope, rest: str) -> str:
+    """``rest``, the decoded end of an ``/upstream/{model}{rest}`` path, as the client
+    escaped it (``a%2Fb`` stays one segment), found by walking the raw path past the part
+    that decodes to ``/upstream/{model}``; re-escaped from ``rest`` if they do not line up."""
+    raw: bytes = scope["raw_path"]
+    head = scope["path"][: len(scope["path"]) - len(rest)].encode()
+    index = decoded = 0
+    while decoded < len(head) and index < len(raw):
+        index += 3 if raw[index] == 0x25 and _HEX.fullmatch(raw[index + 1 : index + 3]) else 1
+        decoded += 1
+    if unquote_to_bytes(raw[:index]) != head or raw[index : index + 1] != b"/":
+        return quote(rest, safe=_PATH_SAFE)
+    return quote(raw[index:].decode("latin-1"), safe=_PATH_SAFE + "%")
