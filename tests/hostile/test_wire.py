@@ -212,3 +212,22 @@ async def test_a_client_that_reads_nothing_for_client_write_timeout_is_cut_off(
                 assert "read nothing for 1 s (clientWriteTimeout)" in proxy.output.text()
                 activity = (await client.get("/api/activity")).json()["activity"]
                 assert activity[0]["model"] == "chat"
+
+
+async def test_an_unload_ends_a_request_whose_client_does_not_read(
+    proxy_factory: StartProxy,
+) -> None:
+    """An unload cancels the requests its model serves; with their writes shielded, one
+    whose client did not read stayed in flight after its model stopped: a ghost that
+    held later swaps. It leaves at once, and the model loads again for the next."""
+    proxy = await proxy_factory(MODEL)
+    async with proxy.client() as client:
+        with trio.fail_after(20):
+            stream = await not_reading(proxy.url)
+            async with stream:
+                await inflight_until(client, lambda e: bool(e) and e[0]["state"] == "serving")
+                unloaded = await client.post("/api/models/unload")
+                assert unloaded.json() == {"unloaded": ["chat"]}
+                await inflight_until(client, lambda entries: not entries)
+                answer = await client.post("/v1/chat/completions", json=chat("chat", max_tokens=2))
+                assert answer.status_code == 200
