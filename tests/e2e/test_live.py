@@ -189,11 +189,10 @@ class Events:
         while not self.ended:
             await self._changed.wait()
 
-    def lifecycle(self) -> list[tuple[Any, ...]]:
-        """Model and request events, by their telling fields, in arrival order; a model
-        event that repeats its model's state and PID (sent again for its counts and TTL
-        as requests come and go) only once."""
-        seen: list[tuple[Any, ...]] = []
+    def transitions(self) -> list[Event]:
+        """The events less the model events that repeat their model's state and PID
+        (sent again for its counts and TTL as requests come and go)."""
+        kept: list[Event] = []
         last: dict[str, tuple[Any, Any]] = {}
         for event in self.events:
             if event["type"] == "snapshot":
@@ -204,10 +203,16 @@ class Events:
                 if last.get(event["model"]) == (event["state"], event["pid"]):
                     continue
                 last[event["model"]] = (event["state"], event["pid"])
-                seen.append(("model", event["model"], event["state"]))
-            elif event["type"] == "request":
-                seen.append(("request", event["model"], event["state"]))
-        return seen
+            kept.append(event)
+        return kept
+
+    def lifecycle(self) -> list[tuple[Any, ...]]:
+        """Model transitions and request events, by their telling fields, in arrival order."""
+        return [
+            (event["type"], event["model"], event["state"])
+            for event in self.transitions()
+            if event["type"] in ("model", "request")
+        ]
 
 
 # ----------------------------------------------------------------- in-process
@@ -397,7 +402,7 @@ async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_st
         ("model", "alpha", "stopping"),
         ("model", "alpha", "stopped"),
     ]
-    starting = [e["pid"] for e in early.events if e.get("state") == "starting"]
+    starting = [e["pid"] for e in early.transitions() if e.get("state") == "starting"]
     ready = next(e for e in early.events if e.get("state") == "ready")
     assert isinstance(ready["pid"], int)
     assert starting == [None, ready["pid"]]
