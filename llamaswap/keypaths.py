@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Literal
 
 import attrs
 
@@ -35,15 +34,12 @@ class Problem:
     """One problem found before the config exists as objects, at a raw key path.
 
     Attributes:
-        path: the offending key (for ``missing``/``unknown``, that key itself).
+        path: the offending key (for a missing or unknown key, that key itself).
         message: the user-facing message.
-        kind: ``"value"`` (a bad value), ``"missing"`` (a required key is absent) or
-            ``"unknown"`` (a key the table does not have).
     """
 
     path: Path
     message: str
-    kind: Literal["value", "missing", "unknown"] = "value"
 
 
 # A key TOML accepts without quotes.

@@ -1,9 +1,9 @@
 """Reading a configuration file: TOML → macros → inherited defaults → cattrs → checks.
 
 Every stage collects problems instead of stopping at the first, and :class:`ConfigError`
-lists them all. When structuring fails, the offending keys are removed from a scratch copy
-and structuring is retried, so the whole-config checks (aliases, groups, references) still
-run on what is left and their problems are reported in the same pass.
+lists them all. cattrs finds every structuring problem in one pass; the rest of the document
+(without the keys at fault) is then structured once more, so the whole-config checks
+(aliases, groups, references) still run on it and their problems are reported too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import attrs
@@ -25,25 +25,19 @@ from cattrs.errors import ClassValidationError
 from llamaswap.keypaths import Path, Problem, format_path, known_list
 
 from ..errors import ConfigError, ConfigProblem
-from .convert import make_converter, walk_error
+from .convert import Fault, faults, make_converter
 from .macros import PortProbe, expand_macros, port_free
-from .model import TTL, UNLOAD_TIMEOUT, Config
+from .model import Config
 from .validate import validate
-from .values import InvalidValue, parse_bool, parse_duration_in
 
 __all__ = ["load_config", "loads_config", "parse_toml", "read_text"]
 
 # Top-level keys whose value is each model's default for the model key.
-_INHERITED: tuple[tuple[str, str, Callable[[object], object]], ...] = (
-    ("globalTTL", "ttl", functools.partial(parse_duration_in, bounds=TTL)),
-    (
-        "unloadTimeout",
-        "unloadTimeout",
-        functools.partial(parse_duration_in, bounds=UNLOAD_TIMEOUT),
-    ),
-    ("sendLoadingState", "sendLoadingState", parse_bool),
+_INHERITED = (
+    ("globalTTL", "ttl"),
+    ("unloadTimeout", "unloadTimeout"),
+    ("sendLoadingState", "sendLoadingState"),
 )
-_MAX_REPAIR_ROUNDS = 20
 
 #: How deep tables and arrays may nest (a real config needs a dozen levels at most).
 MAX_NESTING = 100
@@ -67,7 +61,8 @@ def load_config(
 
     Args:
         path: the file to read (UTF-8 TOML).
-        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
+        free: whether ``${PORT}`` may hand out a port; the default,
+            :func:`~.macros.port_free`, binds a socket to find out (tests inject their own).
         keep: the ports of a running configuration's models (a reload's): a model that
             still uses ``${PORT}`` keeps its port.
         replacing: the models of the configuration this one replaces (a reload's): while
@@ -123,8 +118,7 @@ def loads_config(
         environ: the variables ``${env.NAME}`` reads; defaults to ``os.environ``.
         directory: what a relative ``store.path`` is relative to (``load_config`` passes
             the file's directory); ``None`` leaves it relative to the working directory.
-        free: whether ``${PORT}`` may hand out a port (see :func:`~.macros.port_free`).
-        keep, replacing: as for :func:`load_config`.
+        free, keep, replacing: as for :func:`load_config`.
 
     Returns:
         The validated configuration.
@@ -138,8 +132,9 @@ def loads_config(
         raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
     emptying = _emptying(raw, replacing)
     doc, expanding = expand_macros(raw, os.environ if environ is None else environ, free, keep)
-    _inherit_defaults(doc)
-    config, structuring, dropped = _structure(doc)
+    inherited = _inherit_defaults(doc)
+    config, found, dropped = _structure(doc)
+    structuring = [fault.problem for fault in found if fault.problem.path not in inherited]
     checking: list[Problem] = []
     if config is not None:
         config, checking = validate(config, dropped=dropped)
@@ -248,26 +243,22 @@ def _too_deep(doc: dict[str, Any]) -> list[Path]:
     return found
 
 
-def _inherit_defaults(doc: dict[str, Any]) -> None:
-    """Copy valid top-level defaults into models that do not set the key themselves.
+def _inherit_defaults(doc: dict[str, Any]) -> set[Path]:
+    """Copy the top-level defaults into the models that do not set the key themselves.
 
-    An invalid top-level value is skipped here so it is reported once, at its own path.
+    Returns:
+        Where they were copied to: a bad default is reported once, at its own key.
     """
+    inherited: set[Path] = set()
     models = doc.get("models")
     if not isinstance(models, dict):
-        return
-    inherited: dict[str, Any] = {}
-    for top_key, model_key, parse in _INHERITED:
-        if top_key in doc:
-            try:
-                parse(doc[top_key])
-            except InvalidValue:
-                continue
-            inherited[model_key] = doc[top_key]
-    for model in models.values():
-        if isinstance(model, dict):
-            for key, value in inherited.items():
-                model.setdefault(key, value)
+        return inherited
+    for model_id, model in models.items():
+        for top_key, key in _INHERITED:
+            if top_key in doc and isinstance(model, dict) and key not in model:
+                model[key] = doc[top_key]
+                inherited.add(("models", model_id, key))
+    return inherited
 
 
 @functools.cache
@@ -277,49 +268,39 @@ def _converter() -> cattrs.Converter:
 
 def _structure(
     doc: dict[str, Any],
-) -> tuple[Config | None, list[Problem], dict[str, tuple[str, ...]]]:
-    """Structure ``doc``; on failure, also a best-effort config for the whole-config checks.
+) -> tuple[Config | None, list[Fault], dict[str, tuple[str, ...]]]:
+    """Structure ``doc`` in one pass; with problems, also the rest of it, without the keys at
+    fault, for the whole-config checks to run on.
 
     Returns:
-        The config (best effort when there are problems; ``None`` if even that failed), the
-        structuring problems, and the models dropped as invalid (ID → aliases).
+        The config (of the rest when there are problems; ``None`` if nothing can be kept),
+        the problems, and the models removed as invalid (ID → aliases).
     """
     converter = _converter()
     try:
         return converter.structure(doc, Config), [], {}
     except ClassValidationError as exc:
-        first = walk_error(exc)
-    scratch = copy.deepcopy(doc)
+        found = faults(exc)
+    removing = [fault.remove for fault in found]
+    if () in removing:
+        return None, found, {}
+    rest = copy.deepcopy(doc)
     dropped: dict[str, tuple[str, ...]] = {}
-    found = first
-    for _ in range(_MAX_REPAIR_ROUNDS):
-        if not all(_remove(scratch, problem, dropped) for problem in found):
-            break
-        try:
-            return converter.structure(scratch, Config), first, dropped
-        except ClassValidationError as exc:
-            found = walk_error(exc)
-    return None, first, dropped
-
-
-def _remove(doc: dict[str, Any], problem: Problem, dropped: dict[str, tuple[str, ...]]) -> bool:
-    """Delete the key at fault (or the table lacking a required key); ``False`` if none."""
-    target: Path = problem.path[:-1] if problem.kind == "missing" else problem.path
-    while target and isinstance(target[-1], int):
-        target = target[:-1]  # an array with a bad item goes as a whole
-    if not target:
-        return False
-    if len(target) == 2 and target[0] == "models" and isinstance(target[1], str):
-        model = doc.get("models", {}).get(target[1])
-        aliases = model.get("aliases") if isinstance(model, dict) else None
-        listed = aliases if isinstance(aliases, list) else []
-        dropped[target[1]] = tuple(alias for alias in listed if isinstance(alias, str))
-    parent: Any = doc
-    for part in target[:-1]:
-        parent = parent.get(part) if isinstance(parent, dict) else None
-    if isinstance(parent, dict):
-        parent.pop(target[-1], None)
-    return True
+    for *parents, last in removing:
+        table: Any = rest
+        for part in parents:
+            table = table.get(part) if isinstance(table, dict) else None
+        if not isinstance(table, dict) or last not in table:
+            continue  # it went with a table removed before
+        if parents == ["models"] and isinstance(last, str):
+            aliases = table[last].get("aliases") if isinstance(table[last], dict) else None
+            listed = aliases if isinstance(aliases, list) else []
+            dropped[last] = tuple(alias for alias in listed if isinstance(alias, str))
+        del table[last]
+    try:
+        return converter.structure(rest, Config), found, dropped
+    except ClassValidationError:  # a removal not foreseen: the problems above still stand
+        return None, found, dropped
 
 
 def _merge(*stages: list[Problem]) -> list[ConfigProblem]:

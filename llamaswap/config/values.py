@@ -34,7 +34,6 @@ __all__ = [
     "parse_env",
     "parse_int",
     "parse_int_in",
-    "parse_int_table",
     "parse_names",
     "parse_str",
     "plain",
@@ -230,22 +229,6 @@ def parse_int_in(value: object, bounds: Bounds) -> int:
     number = parse_int(value)
     bounds.check(number)
     return number
-
-
-def parse_int_table(value: object, bounds: Bounds) -> dict[str, int]:
-    """A table of integers within ``bounds``, with one problem per bad entry."""
-    if not isinstance(value, dict):
-        raise InvalidValue(f"expected a table, got {describe(value)}")
-    table: dict[str, int] = {}
-    problems: list[tuple[Path, str]] = []
-    for name, item in value.items():
-        try:
-            table[name] = parse_int_in(item, bounds)
-        except InvalidValue as exc:
-            problems.extend(((name, *at), message) for at, message in exc.problems)
-    if problems:
-        raise InvalidValue.many(problems)
-    return table
 
 
 def parse_bool(value: object) -> bool:

@@ -35,7 +35,7 @@ from typing import NewType
 import attrs
 
 from llamaswap.config import Config
-from llamaswap.config.convert import make_converter, walk_error
+from llamaswap.config.convert import faults, make_converter
 from llamaswap.config.load import parse_toml, read_text
 from llamaswap.config.model import within
 from llamaswap.config.values import Bounds, InvalidValue, describe, scalar
@@ -146,7 +146,8 @@ def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Wo
     try:
         workload = converter.structure(raw, Workload)
     except Exception as exc:  # a cattrs exception group: every problem in it
-        raise ConfigError(file, _problems([*walk_error(exc), *problems])) from None
+        found = [fault.problem for fault in faults(exc)]
+        raise ConfigError(file, _problems([*found, *problems])) from None
     if workload.streams and not workload.duration:
         problems.append(Problem(("duration",), "required when there are streams"))
     for index, stream in enumerate(workload.streams):
