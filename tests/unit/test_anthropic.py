@@ -21,6 +21,7 @@ from llamaswap.proxy.anthropic import (
     estimate_tokens,
     message_response,
 )
+from tests.unit.ports import every_port_free
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -628,11 +629,14 @@ def test_a_body_too_deep_to_translate_is_a_bad_request() -> None:
 def test_the_anthropic_key() -> None:
     config = loads_config(
         '[models.a]\ncmd = "serve a ${PORT}"\n'
-        '[models.b]\ncmd = "serve b ${PORT}"\nanthropic = "translate"\n'
+        '[models.b]\ncmd = "serve b ${PORT}"\nanthropic = "translate"\n',
+        free=every_port_free,
     )
     assert (config.models["a"].anthropic, config.models["b"].anthropic) == ("native", "translate")
     with pytest.raises(ConfigError) as error:
-        loads_config('[models.a]\ncmd = "serve a ${PORT}"\nanthropic = "translated"\n')
+        loads_config(
+            '[models.a]\ncmd = "serve a ${PORT}"\nanthropic = "translated"\n', free=every_port_free
+        )
     [problem] = error.value.problems
     assert problem.path == "models.a.anthropic"
     assert "expected one of 'native', 'translate'" in problem.message

@@ -1,10 +1,8 @@
-"""The ``llamaswap`` command line: ``--listen``, ``--help``, ``check-config --help``."""
+"""The ``llamaswap`` command line: ``--listen``, ``--help``, ``check-config --help``.
+
+In-process; tests/e2e/test_cli.py runs it as a program."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,7 +10,6 @@ from llamaswap._serve import listen_address
 from llamaswap.cli import main
 from llamaswap.errors import ListenError
 
-ROOT = Path(__file__).resolve().parents[2]
 HINT = "; choose another address with --listen HOST:PORT"
 
 
@@ -62,23 +59,6 @@ def test_anything_else_is_refused_saying_what_is_wrong(listen: str, reason: str)
 def test_a_port_of_thousands_of_digits_is_out_of_range() -> None:
     with pytest.raises(ListenError, match="is out of range"):
         listen_address("127.0.0.1:" + "9" * 5000)
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamaswap", *args],
-        capture_output=True, text=True, check=False, cwd=ROOT, timeout=60,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:-1", "", "127.0.0.1"])
-def test_a_bad_listen_is_one_line_and_exit_2_before_the_config_is_read(listen: str) -> None:
-    # Nothing binds: the address is refused before the (missing) config is even read.
-    done = run("--config", "/no/such/config.toml", "--listen", listen)
-    assert done.returncode == 2
-    assert len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.startswith(f"llamaswap: cannot listen on {listen or repr('')}: ")
-    assert done.stdout == ""
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])

@@ -21,10 +21,13 @@ from llamaswap.config import (
 )
 from llamaswap.errors import ConfigError
 from llamaswap.keypaths import did_you_mean
+from tests.unit.ports import every_port_free
 
 
 def load(text: str, environ: Mapping[str, str] | None = None) -> Config:
-    return loads_config(textwrap.dedent(text), file="test.toml", environ=environ or {})
+    return loads_config(
+        textwrap.dedent(text), file="test.toml", environ=environ or {}, free=every_port_free
+    )
 
 
 def problems_of(text: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -257,7 +260,7 @@ def test_several_problems_are_reported_at_once() -> None:
 
 def test_error_message_names_file_and_counts_problems() -> None:
     with pytest.raises(ConfigError) as info:
-        loads_config("startPort = 'x'\nlogLevel = 3\n", file="conf.toml")
+        loads_config("startPort = 'x'\nlogLevel = 3\n", file="conf.toml", free=every_port_free)
     error = info.value
     assert error.file == "conf.toml"
     assert str(error).startswith("2 problems in conf.toml:\n")
@@ -343,7 +346,9 @@ def test_unknown_key_is_reported_at_its_own_path() -> None:
 
 def test_toml_syntax_error_gives_line_and_column() -> None:
     with pytest.raises(ConfigError) as info:
-        loads_config('startPort = 5800\nlogLevel = = "info"\n', file="bad.toml")
+        loads_config(
+            'startPort = 5800\nlogLevel = = "info"\n', file="bad.toml", free=every_port_free
+        )
     (problem,) = info.value.problems
     assert (problem.line, problem.column) == (2, 12)
     assert problem.message.startswith("invalid TOML: ")
@@ -354,19 +359,19 @@ def test_a_byte_order_mark_before_the_toml_is_no_error(tmp_path: pathlib.Path) -
     """As Windows editors save UTF-8: the mark is no part of the document."""
     path = tmp_path / "config.toml"
     path.write_text("\ufeffstartPort = 6000\n" + MINIMAL, encoding="utf-8")
-    assert load_config(path).start_port == 6000
+    assert load_config(path, free=every_port_free).start_port == 6000
 
 
 def test_load_config_reads_a_file(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text(MINIMAL, encoding="utf-8")
-    assert load_config(path).models["m"].cmd == ("server", "--port", "5800")
+    assert load_config(path, free=every_port_free).models["m"].cmd == ("server", "--port", "5800")
 
 
 def test_load_config_missing_file(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "nope.toml"
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, free=every_port_free)
     assert info.value.file == str(path)
     (problem,) = info.value.problems
     assert problem.message.startswith("cannot read the file: ")
@@ -376,7 +381,7 @@ def test_load_config_reports_the_file_name(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text("logLevel = 'loud'\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, free=every_port_free)
     assert f"{path}: logLevel: expected one of" in str(info.value)
 
 

@@ -3,20 +3,21 @@ peer filters, CORS origins, logToStdout/logTimeFormat, and ${PORT} skipping busy
 
 from __future__ import annotations
 
-import socket
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 
 from llamaswap.config import Config, loads_config
-from llamaswap.config.macros import port_free
 from llamaswap.config.model import FilterConfig, LogToStdout, Timeouts
 from llamaswap.errors import ConfigError
+from tests.unit.ports import every_port_free
 
 
 def load(text: str, environ: Mapping[str, str] | None = None) -> Config:
-    return loads_config(textwrap.dedent(text), file="test.toml", environ=environ or {})
+    return loads_config(
+        textwrap.dedent(text), file="test.toml", environ=environ or {}, free=every_port_free
+    )
 
 
 def problems_of(text: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -487,37 +488,32 @@ def test_cors_and_log_key_problems() -> None:
 # --- ${PORT} skips ports in use ---------------------------------------------------------
 
 
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    """A port another process (here: a listening socket) holds on 127.0.0.1."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        yield holder.getsockname()[1]
+def test_port_skips_a_port_in_use() -> None:
+    probed: list[tuple[str, int]] = []
 
+    def free(host: str, port: int) -> bool:
+        probed.append((host, port))
+        return port != 7000  # another program holds 7000
 
-def test_port_free_sees_a_listening_socket(held_port: int) -> None:
-    assert not port_free("127.0.0.1", held_port)
-
-
-def test_port_skips_a_port_in_use(held_port: int) -> None:
-    config = load(
-        f"""
-        startPort = {held_port}
-        [models.a]
-        cmd = "server --port ${{PORT}}"
-        [models.b]
-        cmd = "server --port ${{PORT}}"
-        [models.c]
-        cmd = "server --port ${{PORT}}"
-        proxy = "http://10.1.2.3:${{PORT}}"
+    config = loads_config(
         """
+        startPort = 7000
+        [models.a]
+        cmd = "server --port ${PORT}"
+        [models.b]
+        cmd = "server --port ${PORT}"
+        [models.c]
+        cmd = "server --port ${PORT}"
+        proxy = "http://10.1.2.3:${PORT}"
+        """,
+        free=free,
     )
     a, b, c = (config.models[name] for name in "abc")
-    assert a.proxy == f"http://127.0.0.1:{held_port + 1}"
-    assert b.proxy == f"http://127.0.0.1:{held_port + 2}"
+    assert a.proxy == "http://127.0.0.1:7001"
+    assert b.proxy == "http://127.0.0.1:7002"
     # A proxy on another machine is not probed from here.
-    assert c.proxy == f"http://10.1.2.3:{held_port + 3}"
+    assert c.proxy == "http://10.1.2.3:7003"
+    assert probed == [("127.0.0.1", 7000), ("127.0.0.1", 7001), ("127.0.0.1", 7002)]
 
 
 def test_port_probe_is_injectable() -> None:

@@ -16,6 +16,7 @@ from llamaswap.config import Config, loads_config
 from llamaswap.config.matrix_expr import MatrixExprError, check_sets, parse_expr
 from llamaswap.config.values import InvalidValue, parse_command
 from llamaswap.errors import ConfigError, ConfigProblem
+from tests.unit.ports import every_port_free
 
 MINIMAL = '[models.m]\ncmd = "server --port ${PORT}"\n'
 SERIAL = "routing.scheduler.settings.serial"
@@ -23,7 +24,7 @@ MATRIX = "routing.router.settings.matrix"
 
 
 def load(text: str) -> Config:
-    return loads_config(textwrap.dedent(text), file="test.toml", environ={})
+    return loads_config(textwrap.dedent(text), file="test.toml", environ={}, free=every_port_free)
 
 
 def problems(text: str) -> list[ConfigProblem]:

@@ -9,10 +9,13 @@ import pytest
 
 from llamaswap.config import Config, loads_config
 from llamaswap.errors import ConfigError
+from tests.unit.ports import every_port_free
 
 
 def load(text: str, environ: Mapping[str, str] | None = None) -> Config:
-    return loads_config(textwrap.dedent(text), file="test.toml", environ=environ or {})
+    return loads_config(
+        textwrap.dedent(text), file="test.toml", environ=environ or {}, free=every_port_free
+    )
 
 
 def problems_of(text: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -307,7 +310,9 @@ def test_ports_run_out_above_65535() -> None:
 
 def test_env_defaults_to_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLAMASWAP_TEST_FLAG", "--verbose")
-    config = loads_config('[models.m]\ncmd = "s --port ${PORT} ${env.LLAMASWAP_TEST_FLAG}"\n')
+    config = loads_config(
+        '[models.m]\ncmd = "s --port ${PORT} ${env.LLAMASWAP_TEST_FLAG}"\n', free=every_port_free
+    )
     assert config.models["m"].cmd == ("s", "--port", "5800", "--verbose")
 
 

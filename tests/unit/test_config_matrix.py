@@ -18,6 +18,7 @@ from llamaswap.config.matrix_expr import (
     parse_expr,
 )
 from llamaswap.errors import ConfigError
+from tests.unit.ports import every_port_free
 
 VARS = {"a": "model-a", "b": "model-b", "c": "model-c", "d": "model-d"}
 
@@ -134,6 +135,7 @@ def test_matrix_config_loads() -> None:
             """
         ),
         environ={},
+        free=every_port_free,
     )
     matrix = config.routing.router.settings.matrix
     assert matrix is not None
@@ -153,7 +155,7 @@ def test_matrix_problems_are_reported_at_their_paths() -> None:
         """
     )
     with pytest.raises(ConfigError) as info:
-        loads_config(text, environ={})
+        loads_config(text, environ={}, free=every_port_free)
     found = {problem.path: problem.message for problem in info.value.problems}
     base = "routing.router.settings.matrix"
     assert found == {

@@ -12,10 +12,17 @@ from llamaswap.config import Config, StoreConfig, load_config, loads_config
 from llamaswap.config.values import parse_duration
 from llamaswap.errors import ConfigError
 from llamaswap.router.reload import diff_config
+from tests.unit.ports import every_port_free
 
 
 def load(text: str, directory: str | None = "/etc/llamaswap") -> Config:
-    return loads_config(textwrap.dedent(text), file="test.toml", environ={}, directory=directory)
+    return loads_config(
+        textwrap.dedent(text),
+        file="test.toml",
+        environ={},
+        directory=directory,
+        free=every_port_free,
+    )
 
 
 def problems_of(text: str) -> dict[str, str]:
@@ -69,7 +76,7 @@ def test_load_config_reads_a_relative_path_from_the_files_directory(
     path = tmp_path / "conf" / "llamaswap.toml"
     path.write_text('[store]\npath = "state/activity.db"\n')
     monkeypatch.chdir(tmp_path)  # not the working directory
-    store = load_config(os.path.join("conf", "llamaswap.toml")).store
+    store = load_config(os.path.join("conf", "llamaswap.toml"), free=every_port_free).store
     assert store is not None
     assert store.path == str(tmp_path / "conf" / "state" / "activity.db")
 

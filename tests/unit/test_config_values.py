@@ -9,11 +9,12 @@ import pytest
 from llamaswap.config import loads_config
 from llamaswap.config.values import InvalidValue, parse_command, parse_duration, parse_env
 from llamaswap.errors import ConfigError
+from tests.unit.ports import every_port_free
 
 
 def problems_of(text: str) -> dict[str, str]:
     with pytest.raises(ConfigError) as info:
-        loads_config(text, environ={})
+        loads_config(text, environ={}, free=every_port_free)
     return {problem.path: problem.message for problem in info.value.problems}
 
 
@@ -73,6 +74,7 @@ def test_duration_keys_in_a_config() -> None:
         agingDivisor = 0
         """,
         environ={},
+        free=every_port_free,
     )
     assert (config.health_check_timeout, config.global_ttl, config.unload_timeout) == (
         90.0,
@@ -214,5 +216,5 @@ server \\
   -m "/models/my model.gguf"
 '''
 """
-    config = loads_config(text, environ={})
+    config = loads_config(text, environ={}, free=every_port_free)
     assert config.models["m"].cmd == ("server", "--port", "5800", "-m", "/models/my model.gguf")

@@ -15,6 +15,7 @@ from llamaswap.cli import check_config, main
 from llamaswap.config import Config, loads_config
 from llamaswap.errors import ConfigError
 from llamaswap.migrate.translate import ImportResult, Remark, YamlError, import_yaml
+from tests.unit.ports import every_port_free
 
 FIXTURE = Path(__file__).parent.parent / "data" / "llama-swap.yaml"
 ENV = {
@@ -27,7 +28,7 @@ ENV = {
 
 def translate(yaml: str) -> tuple[ImportResult, Config]:
     result = import_yaml(textwrap.dedent(yaml))
-    return result, loads_config(result.toml, environ=ENV)
+    return result, loads_config(result.toml, environ=ENV, free=every_port_free)
 
 
 def remarks(result: ImportResult) -> list[tuple[str, bool]]:
@@ -473,7 +474,7 @@ def test_a_peer_id_llamaswap_refuses_is_named_with_the_rule() -> None:
         result.remarks[0].message
     )
     with pytest.raises(ConfigError, match="peer ID 'lab/gpu' must not"):
-        loads_config(result.toml)
+        loads_config(result.toml, free=every_port_free)
 
 
 def test_a_model_without_cmd_is_kept_and_noted_since_llamaswap_requires_one() -> None:
@@ -533,7 +534,7 @@ def test_the_command_writes_a_file_that_check_config_accepts(tmp_path: Path) -> 
         "wrote config.toml; 5 keys not translated (listed above)"
     )
     written = (tmp_path / "config.toml").read_text(encoding="utf-8")
-    loads_config(written, environ=ENV)
+    loads_config(written, environ=ENV, free=every_port_free)
 
     (tmp_path / "config.toml").write_text("# mine\n", encoding="utf-8")
     again = run("import-config", str(FIXTURE), "-o", "config.toml", cwd=tmp_path)
@@ -647,7 +648,7 @@ def test_serving_a_yaml_file_points_to_the_converter(
 
 def test_a_toml_syntax_error_is_still_reported_as_one() -> None:
     with pytest.raises(ConfigError) as raised:
-        loads_config("a = = 1\n", file="config.toml")
+        loads_config("a = = 1\n", file="config.toml", free=every_port_free)
     assert raised.value.problems[0].message.startswith("invalid TOML: ")
 
 

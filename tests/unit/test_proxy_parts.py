@@ -29,6 +29,7 @@ from llamaswap.http.errors import error_response
 from llamaswap.proxy.extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from llamaswap.router.names import Local, Names, Peer
 from tests.strategies import json_values
+from tests.unit.ports import every_port_free
 
 FORM = "multipart/form-data; boundary=xyz"
 FORM_BODY = (
@@ -227,7 +228,8 @@ def test_names_resolve_ids_aliases_and_peers() -> None:
         [peers.gpu3]
         proxy = "http://10.0.0.3:8080"
         models = ["shared"]
-        """
+        """,
+        free=every_port_free,
     )
     names = Names(config)
     assert names.resolve("org/chat") == Local("org/chat")

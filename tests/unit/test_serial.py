@@ -30,6 +30,7 @@ from llamaswap.schedulers.base import (
 )
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld, ticket
+from tests.unit.ports import every_port_free
 
 READY = ModelState.READY
 
@@ -571,7 +572,7 @@ def test_model_slots_come_from_the_config_and_change_on_reload() -> None:
 
 
 def load_config_text(text: str) -> Config:
-    return loads_config(textwrap.dedent(text), file="test.toml", environ={})
+    return loads_config(textwrap.dedent(text), file="test.toml", environ={}, free=every_port_free)
 
 
 # ------------------------------------------------------- a reload switches schedulers
@@ -579,7 +580,7 @@ def load_config_text(text: str) -> Config:
 
 def driven(fx: FakeWorld, use: str) -> Driven[Scheduler]:
     """A ``use`` scheduler (``fifo`` or ``serial``) on ``fx``, as a reload would make it."""
-    settings = loads_config(f'[routing.scheduler]\nuse = "{use}"')
+    settings = loads_config(f'[routing.scheduler]\nuse = "{use}"', free=every_port_free)
     return Driven(make_scheduler(settings, fx, GroupSwapper({})), fx)
 
 

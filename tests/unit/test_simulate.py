@@ -22,6 +22,7 @@ from llamaswap.simulate import (
     run_policy,
     table,
 )
+from tests.unit.ports import every_port_free
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "workloads"
@@ -38,7 +39,9 @@ use = "serial"
 
 
 def config(text: str = CONFIG) -> Config:
-    return loads_config(textwrap.dedent(text), file="config.toml", environ={})
+    return loads_config(
+        textwrap.dedent(text), file="config.toml", environ={}, free=every_port_free
+    )
 
 
 def workload_text(text: str) -> str:

@@ -12,6 +12,7 @@ from llamaswap.config import loads_config
 from llamaswap.config.model import Config
 from llamaswap.errors import CrossSiteRequest, HostNotAllowed
 from llamaswap.proxy import cors, site
+from tests.unit.ports import every_port_free
 from tests.unit.test_config_keys import problems_of
 
 DEFAULTS = Config()
@@ -188,6 +189,8 @@ def test_allowed_hosts_entries_are_host_names() -> None:
         "allowedHosts[6]": expected + "'a/b'",
         "allowedHosts[7]": expected + "''",
     }
-    config = loads_config('allowedHosts = ["gpu-box.lan"]\n[models.m]\ncmd = "x ${PORT}"\n')
+    config = loads_config(
+        'allowedHosts = ["gpu-box.lan"]\n[models.m]\ncmd = "x ${PORT}"\n', free=every_port_free
+    )
     assert config.allowed_hosts == ("gpu-box.lan",)
     assert Config().allowed_hosts == ()

@@ -13,6 +13,7 @@ from llamaswap.config.model import MatrixConfig
 from llamaswap.router.swappers import make_swapper
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.router.swappers.matrix import MatrixSwapper
+from tests.unit.ports import every_port_free
 
 
 def matrix(sets: Mapping[str, str], **costs: int) -> MatrixSwapper:
@@ -160,7 +161,8 @@ def test_use_matrix_builds_the_matrix_swapper() -> None:
         vars = { c = "chat", e = "embed", b = "big" }
         evict_costs = { b = 3 }
         sets = { daily = "c & e", solo = "b" }
-        """
+        """,
+        free=every_port_free,
     )
     swapper = make_swapper(config)
     assert isinstance(swapper, MatrixSwapper)
