@@ -216,7 +216,7 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
-        router.observe(partial(_close_upstream_connections, router, pool))
+        router.observe(partial(_close_upstream_connections, router, pool), ModelStateChanged)
         hub = EventHub()
         logs = Logs.of(own_log, router)
         app = create_app(

@@ -345,7 +345,8 @@ class _Connection(h11.Connection):
         self.max_body_bytes = max_body_bytes
         self.body_wanted = False
         self.refusal: RequestError | None = None
-        self._received = 0  # body bytes of this request so far
+        self._chunked = False  # this request's body is chunked
+        self._received = 0  # body bytes of this request so far (a chunked one's)
 
     @property
     def they_are_waiting_for_100_continue(self) -> bool:
@@ -357,14 +358,15 @@ class _Connection(h11.Connection):
         except h11.RemoteProtocolError as exc:
             self.refusal = BadRequest(f"the request is not valid HTTP/1.1: {exc}")
             raise
-        if isinstance(event, h11.Data):
-            self._received += len(event.data)
-        elif isinstance(event, h11.Request):
+        if self._chunked:
+            if type(event) is h11.Data:
+                self._received += len(event.data)
+            # h11 has read the size line of a chunk whose data it has not all handed over.
+            announced = getattr(self._reader, "_bytes_in_chunk", 0)
+            if announced and self._received + announced > self.max_body_bytes:
+                self._refuse(BodyTooLarge(self.max_body_bytes), 413)
+        elif type(event) is h11.Request:
             self._check(event)
-        # h11 has read the size line of a chunk whose data it has not all handed over.
-        announced = getattr(self._reader, "_bytes_in_chunk", 0)
-        if announced and self._received + announced > self.max_body_bytes:
-            self._refuse(BodyTooLarge(self.max_body_bytes), 413)
         return event
 
     def _check(self, request: h11.Request) -> None:
@@ -373,7 +375,8 @@ class _Connection(h11.Connection):
                 BadRequest("llamaswap speaks HTTP/1.1 only: send HTTP/1.1 requests, not HTTP/2")
             )
         names = {name for name, _ in request.headers}
-        if b"content-length" in names and b"transfer-encoding" in names:
+        self._chunked = b"transfer-encoding" in names
+        if self._chunked and b"content-length" in names:
             self._refuse(
                 BadRequest(
                     "the request has both Content-Length and Transfer-Encoding "
@@ -388,6 +391,7 @@ class _Connection(h11.Connection):
     def start_next_cycle(self) -> None:
         super().start_next_cycle()
         self.body_wanted = False
+        self._chunked = False
         self._received = 0
 
 

@@ -230,7 +230,7 @@ class Logs:
     def of(cls, own: LogRing, router: Router) -> Logs:
         """The logs of ``own`` and of ``router``'s models, those a reload adds included."""
         logs = cls(own, router.log_rings)
-        router.observe(logs.on_event)
+        router.observe(logs.on_event, ModelOutput)
         return logs
 
     def on_event(self, event: RouterEvent) -> None:

@@ -81,7 +81,8 @@ class RouterEvents:
 
     def connect(self) -> None:
         """Follow the router and the activity log (once, before ``Router.run``)."""
-        self._router.observe(self.on_event)
+        kinds = (ModelStateChanged, ModelSpawned, RequestChanged, DecisionApplied)
+        self._router.observe(self.on_event, *kinds)
         self._activity.add_listener(self.on_activity)
 
     # ---------------------------------------------------------------- events

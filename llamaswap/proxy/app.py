@@ -53,6 +53,7 @@ from llamaswap.observability import (
 )
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
+from llamaswap.router.events import ModelForgotten, ModelStateChanged
 from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
@@ -283,7 +284,7 @@ def create_app(
     the address served on; a name there is a ``Host`` requests may carry (proxy/site.py).
     """
     metrics = Metrics(router)
-    router.observe(metrics.on_event)
+    router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
     if hub is None:
         hub = EventHub()  # idle: its coalesced events are never sent
     reloader = None

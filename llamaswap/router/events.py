@@ -21,6 +21,7 @@ from llamaswap.schedulers import Decision
 from .lease import Lease
 
 __all__ = [
+    "EVENT_KINDS",
     "DecisionApplied",
     "ModelForgotten",
     "ModelOutput",
@@ -90,6 +91,16 @@ RouterEvent = (
     | ModelForgotten
     | DecisionApplied
     | RequestChanged
+)
+
+#: Every kind, for an observer that names none.
+EVENT_KINDS: tuple[type[RouterEvent], ...] = (
+    ModelStateChanged,
+    ModelSpawned,
+    ModelOutput,
+    ModelForgotten,
+    DecisionApplied,
+    RequestChanged,
 )
 
 Observer = Callable[[RouterEvent], None]

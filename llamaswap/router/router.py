@@ -66,6 +66,7 @@ from llamaswap.schedulers import (
 )
 
 from .events import (
+    EVENT_KINDS,
     DecisionApplied,
     ModelForgotten,
     ModelOutput,
@@ -115,7 +116,10 @@ class Router:
         self.names = Names(config)
         self._spawner = spawner
         self._probe = probe
-        self._observers = list(observers)
+        #: Who is told of each kind of event (``observe``).
+        self._observers: dict[type[RouterEvent], list[Observer]] = {}
+        for observer in observers:
+            self.observe(observer)
         self._leases = Leases()
         #: Every configured model, and a removed one until it is forgotten (``_forget``).
         self._supervisors = {
@@ -155,13 +159,16 @@ class Router:
         supervisor.log.subscribe(partial(self._on_output, model_id))
         return supervisor
 
-    def observe(self, observer: Observer) -> None:
-        """``observer`` is told of everything the router does from now on (``events.py``);
-        it must not block or raise."""
-        self._observers.append(observer)
+    def observe(self, observer: Observer, *kinds: type[RouterEvent]) -> None:
+        """``observer`` is told of what the router does from now on (``events.py``): the
+        events of ``kinds``, every kind if none is named. It must not block or raise.
+        (Each event goes only to those who want its kind, and one nobody wants is not
+        made: a request's events are on its path.)"""
+        for kind in kinds or EVENT_KINDS:
+            self._observers.setdefault(kind, []).append(observer)
 
     def _emit(self, event: RouterEvent) -> None:
-        for observer in self._observers:
+        for observer in self._observers.get(type(event), ()):
             observer(event)
 
     # --------------------------------------------------------------- queries
@@ -592,11 +599,11 @@ class Router:
             elif isinstance(decision, CancelSwap):
                 logger.info("cancelling the load of %r: %s", decision.swap.target, decision.reason)
                 self._swap_scopes[decision.swap].cancel(reason=decision.reason)
-            if self._observers:
+            if DecisionApplied in self._observers:
                 self._emit(DecisionApplied(decision))
 
     def _tell(self, change: RequestChange, lease: Lease) -> None:
-        if self._observers:
+        if RequestChanged in self._observers:
             self._emit(RequestChanged(change, lease))
 
     def _start_swap(self, swap: Swap) -> None:
@@ -636,7 +643,7 @@ class Router:
         self._emit(ModelSpawned(model))
 
     def _on_output(self, model: str, line: LogLine) -> None:
-        if self._observers:
+        if ModelOutput in self._observers:
             self._emit(ModelOutput(model, line))
 
     def _on_model_state(self, model: str, state: ModelState) -> None:

@@ -66,7 +66,7 @@ class FifoScheduler:
         return self._ledger.take()
 
     def admitted(self, model: str) -> int:
-        return self._ledger.admitted_count(model)
+        return len(self._ledger.admitted.get(model, ()))
 
     def adopt(self, handover: Handover) -> list[Decision]:
         self._ledger.take_over(handover)

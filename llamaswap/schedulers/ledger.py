@@ -125,9 +125,6 @@ class Ledger:
             raise ConcurrencyLimit(ticket.model, limit)
         admitted.add(ticket)
 
-    def admitted_count(self, model: str) -> int:
-        return len(self.admitted.get(model, ()))
-
     def release(self, ticket: Ticket) -> None:
         """The ticket is finished, failed or abandoned: its reservation frees."""
         admitted = self.admitted.get(ticket.model)

@@ -233,7 +233,7 @@ class SerialScheduler:
         return self._ledger.take()
 
     def admitted(self, model: str) -> int:
-        return self._ledger.admitted_count(model)
+        return len(self._ledger.admitted.get(model, ()))
 
     def adopt(self, handover: Handover) -> list[Decision]:
         # What the old scheduler dispatched holds the slots: nothing more is granted

@@ -207,7 +207,7 @@ async def _simulate(
 ) -> Run:
     servers = _Servers(times)
     router = Router(simulated(config), spawner=servers, probe=servers.probe)
-    router.observe(servers.on_event)
+    router.observe(servers.on_event, DecisionApplied)
     outcomes: list[Outcome] = [Outcome(job) for job in jobs]
     start = trio.current_time()
 
