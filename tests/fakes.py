@@ -20,6 +20,7 @@ from llamaswap.schedulers.base import (
     Fail,
     Grant,
     Handover,
+    Recheck,
     Scheduler,
     SchedulerStatistics,
     StartSwap,
@@ -203,6 +204,8 @@ class FakeWorld:
     def __init__(self) -> None:
         self.time = 0.0
         self.states: dict[str, ModelState] = {}
+        #: When each model became ready, as the test says (``World.ready_since``).
+        self.ready: dict[str, float] = {}
         self.serving: collections.Counter[str] = collections.Counter()
         self.decisions: list[Decision] = []
         self.granted: list[Ticket] = []
@@ -210,12 +213,16 @@ class FakeWorld:
         self.swaps: list[Swap] = []  # every swap started
         self.done: list[Swap] = []  # those ``complete`` ended
         self.cancelled: list[tuple[Swap, str]] = []
+        self.rechecks: list[float] = []  # the time of every Recheck decided
 
     def now(self) -> float:
         return self.time
 
     def model_state(self, model: str) -> ModelState:
         return self.states.get(model, ModelState.STOPPED)
+
+    def ready_since(self, model: str) -> float | None:
+        return self.ready.get(model) if self.model_state(model) is ModelState.READY else None
 
     def running_models(self) -> set[str]:
         return {m for m, s in self.states.items() if s is not ModelState.STOPPED}
@@ -235,6 +242,8 @@ class FakeWorld:
                 self.swaps.append(decision.swap)
             elif isinstance(decision, CancelSwap):
                 self.cancelled.append((decision.swap, decision.reason))
+            elif isinstance(decision, Recheck):
+                self.rechecks.append(decision.at)
         return decisions
 
     def complete(
@@ -244,6 +253,7 @@ class FakeWorld:
         for model in swap.evict:
             self.states[model] = ModelState.STOPPED
         self.states[swap.target] = ModelState.STOPPED if error else ModelState.READY
+        self.ready[swap.target] = self.time
         self.done.append(swap)
         scheduler.on_swap_done(swap, error)
 
@@ -284,6 +294,9 @@ class Driven(Generic[S]):
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         return self.world.apply(self.scheduler.on_model_state(model, state))
+
+    def on_recheck(self) -> list[Decision]:
+        return self.world.apply(self.scheduler.on_recheck())
 
     def on_unload(self, models: Collection[str]) -> list[Decision]:
         return self.world.apply(self.scheduler.on_unload(models))

@@ -62,6 +62,10 @@ MAX_SWAP_AFFINITY_BONUS = 99
 HEALTH_CHECK_TIMEOUT = Bounds(1, 86_400, "a duration", "seconds", "1 day")
 TTL = Bounds(0, 2_592_000, "a duration", "seconds", "30 days")
 UNLOAD_TIMEOUT = Bounds(0, 3_600, "a duration", "seconds", "1 hour")
+#: ``minResidency``: long enough for a client's next request after an answer, short
+#: beside a load (seconds to minutes), so a held swap waits little.
+DEFAULT_MIN_RESIDENCY = 5.0
+MIN_RESIDENCY = Bounds(0, 3_600, "a duration", "seconds", "1 hour")
 START_PORT = Bounds(1, 65_535, "a port")
 MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
@@ -320,6 +324,11 @@ class Config:
     start_port: int = attrs.field(default=DEFAULT_START_PORT, metadata=within(START_PORT))
     global_ttl: float = attrs.field(default=0.0, metadata=key("globalTTL") | within(TTL))
     unload_timeout: float = attrs.field(default=10.0, metadata=within(UNLOAD_TIMEOUT))
+    #: Seconds after a model became ready in which a request no more urgent than its
+    #: waiting ones does not evict it (the schedulers' ``Ledger.held_until``); 0: off.
+    min_residency: float = attrs.field(
+        default=DEFAULT_MIN_RESIDENCY, metadata=within(MIN_RESIDENCY)
+    )
     api_keys: tuple[str, ...] = ()
     send_loading_state: bool = False
     include_aliases_in_list: bool = False

@@ -55,6 +55,7 @@ from llamaswap.schedulers import (
     Decision,
     Fail,
     Grant,
+    Recheck,
     RequestState,
     Scheduler,
     SchedulerCounts,
@@ -527,6 +528,9 @@ class Router:
             if model in self.config.models or supervisor.state is not ModelState.STOPPED
         ]
 
+    def ready_since(self, model: str) -> float | None:
+        return self._supervisors[model].statistics().ready_since
+
     def running_models(self) -> Set[str]:
         return {m for m, s in self._supervisors.items() if s.state is not ModelState.STOPPED}
 
@@ -599,6 +603,8 @@ class Router:
             elif isinstance(decision, CancelSwap):
                 logger.info("cancelling the load of %r: %s", decision.swap.target, decision.reason)
                 self._swap_scopes[decision.swap].cancel(reason=decision.reason)
+            elif isinstance(decision, Recheck) and self._swap_nursery is not None:
+                self._swap_nursery.start_soon(self._recheck, decision.at)
             if DecisionApplied in self._observers:
                 self._emit(DecisionApplied(decision))
 
@@ -638,6 +644,12 @@ class Router:
             self._decide(what, done, concerned=waiters)
             for model in (swap.target, *swap.evict):
                 self._forget_if_unneeded(model)
+
+    async def _recheck(self, at: float) -> None:
+        """At ``at`` a model's residency ends: the scheduler looks again at what it held
+        back (the router's run cancels this with the swaps)."""
+        await trio.sleep_until(at)
+        self._decide("the end of a residency", self.scheduler.on_recheck)
 
     def _tell_spawned(self, model: str) -> None:
         self._emit(ModelSpawned(model))

@@ -10,6 +10,7 @@ from .base import Fail as Fail
 from .base import Grant as Grant
 from .base import Handover as Handover
 from .base import JoinSwap as JoinSwap
+from .base import Recheck as Recheck
 from .base import RequestState as RequestState
 from .base import Scheduler as Scheduler
 from .base import SchedulerCounts as SchedulerCounts
@@ -38,6 +39,7 @@ __all__ = [
     "Handover",
     "JoinSwap",
     "PriorityWaitQueue",
+    "Recheck",
     "RequestState",
     "Scheduler",
     "SchedulerCounts",
@@ -69,5 +71,12 @@ def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
             max_queued=serial.max_queued,
             slots=serial.slots,
             model_slots=model_slots(config),
+            min_residency=config.min_residency,
         )
-    return FifoScheduler(world, swapper, limits=limits(config), priorities=fifo_priorities(config))
+    return FifoScheduler(
+        world,
+        swapper,
+        limits=limits(config),
+        priorities=fifo_priorities(config),
+        min_residency=config.min_residency,
+    )

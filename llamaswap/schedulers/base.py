@@ -3,9 +3,10 @@
 A scheduler is a synchronous state machine. Events come in as method calls
 (``on_request``, ``on_cancel``, ``on_finish``, ``on_swap_done``, ``on_model_state``,
 ``on_unload``, ``on_shutdown``), and each returns the scheduler's *decisions* as values
-(``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``, ``JoinSwap``). The router applies
-them; the scheduler itself touches nothing. It reads the world through ``World``
-(time, model states, the running set, in-flight counts), which only answers questions.
+(``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``, ``JoinSwap``, ``Recheck``). The router
+applies them; the scheduler itself touches nothing. It reads the world through ``World``
+(time, model states, when a model became ready, the running set, in-flight counts), which
+only answers questions.
 
 Synchronous code cannot be interrupted in Trio, so a scheduler needs no lock and no task
 of its own. **Never add an ``await`` to a scheduler method.** Slow work (a load) is a
@@ -36,6 +37,7 @@ __all__ = [
     "Grant",
     "Handover",
     "JoinSwap",
+    "Recheck",
     "RequestState",
     "Scheduler",
     "SchedulerCounts",
@@ -153,6 +155,9 @@ class World(Protocol):
 
     def model_state(self, model: str) -> ModelState: ...
 
+    def ready_since(self, model: str) -> float | None:
+        """When ``model`` last became ready (``now()``'s clock); ``None`` if it is not ready."""
+
     def running_models(self) -> Set[str]:
         """Every model whose process is not stopped (starting, ready or stopping)."""
 
@@ -199,7 +204,15 @@ class JoinSwap:
     swap: Swap
 
 
-Decision: TypeAlias = Grant | Fail | StartSwap | CancelSwap | JoinSwap
+@attrs.frozen
+class Recheck:
+    """Call ``on_recheck`` at time ``at``: a load held back by a model's ``minResidency``
+    may go then. Nothing else would wake the scheduler, which only hears events."""
+
+    at: float
+
+
+Decision: TypeAlias = Grant | Fail | StartSwap | CancelSwap | JoinSwap | Recheck
 
 
 @attrs.frozen
@@ -309,6 +322,10 @@ class Scheduler(Protocol):
 
     def on_model_state(self, model: str, state: ModelState) -> list[Decision]:
         """A model's state changed (including crashes and TTL unloads)."""
+
+    def on_recheck(self) -> list[Decision]:
+        """The time of a ``Recheck`` came: a model's ``minResidency`` is over, and what it
+        held back may go now."""
 
     def on_unload(self, models: Collection[str], reason: str = "unloaded") -> list[Decision]:
         """``models`` are being unloaded: fail their waiting requests with ``ModelUnloaded``."""

@@ -3,15 +3,17 @@
 The decision for a request, in order:
 
 1. a swap to its model is in progress → join it (one load serves every caller);
-2. it would collide with a swap in progress, or evict a model that is serving → queue;
+2. it would collide with a swap in progress, evict a model that is serving, or one that
+   ``minResidency`` keeps (loaded moments ago, with requests waiting) → queue;
 3. its model is ready and nothing must be evicted → serve now (many in parallel, up to
    ``concurrencyLimit``);
 4. otherwise → start a swap (in parallel with swaps it does not collide with).
 
 The queue is ordered by effective priority = ``settings.fifo.priority[model]`` + the
 header's priority, arrival order among equals, and is walked in that order whenever a
-swap ends, a model drains or stops. Walking it re-runs the decision for each request,
-so requests for the same model collate: ``A B A B`` is served ``A A B B``.
+swap ends, a model drains or stops, or a residency ends (``on_recheck``). Walking it
+re-runs the decision for each request, so requests for the same model collate:
+``A B A B`` is served ``A A B B``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class FifoScheduler:
         swapper: the eviction policy.
         limits: ``concurrencyLimit`` per model ID.
         priorities: ``settings.fifo.priority``, by model ID.
+        min_residency: ``minResidency``, seconds; 0 turns the rule off.
     """
 
     name = "fifo"
@@ -51,8 +54,15 @@ class FifoScheduler:
         *,
         limits: Mapping[str, int],
         priorities: Mapping[str, int] | None = None,
+        min_residency: float = 0.0,
     ) -> None:
-        self._ledger = Ledger(world, swapper, limits, default_limit=DEFAULT_CONCURRENCY_LIMIT)
+        self._ledger = Ledger(
+            world,
+            swapper,
+            limits,
+            default_limit=DEFAULT_CONCURRENCY_LIMIT,
+            min_residency=min_residency,
+        )
         self._priorities = dict(priorities or {})
         self._queue: PriorityWaitQueue[Ticket] = PriorityWaitQueue()
 
@@ -102,13 +112,17 @@ class FifoScheduler:
             self._drain()
         return self._ledger.take()
 
+    def on_recheck(self) -> list[Decision]:
+        self._drain()
+        return self._ledger.take()
+
     def on_unload(self, models: Collection[str], reason: str = "unloaded") -> list[Decision]:
         self._ledger.unload(self._queue, models, reason)
         self._drain()
         return self._ledger.take()
 
     def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
-        self._ledger.configure(swapper, limits(config))
+        self._ledger.configure(swapper, limits(config), config.min_residency)
         self._priorities = fifo_priorities(config)
         queued = self._queue.ordered()
         self._queue = PriorityWaitQueue()

@@ -4,8 +4,8 @@ A scheduler owns a ``Ledger`` and decides *when*; the ledger keeps the counts ri
 writes the decisions down (``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``,
 ``JoinSwap``) in its outbox, which each event hands to the router with ``take()``.
 ``fifo`` and ``serial`` differ only in their queues and in when they dispatch, so the
-accounting below — admission, swaps, failing what waits on unload and shutdown, band
-statistics — is written once.
+accounting below — admission, swaps, the residency rule, failing what waits on unload and
+shutdown, band statistics — is written once.
 
 **Invariants** (checked by the tests of both schedulers):
 
@@ -15,6 +15,10 @@ statistics — is written once.
   refused before anything is sent (429).
 * A model with requests in flight is never evicted. In flight is the router's count
   (``World.in_flight``) plus the grants decided in this event and not yet applied.
+* A model that became ready less than ``minResidency`` ago and still has requests queued
+  is not evicted for a request of the same band as the best of them, or a lower one
+  (``held_until``): the load waits, and a ``Recheck`` at the residency's end wakes the
+  scheduler, since no event would. A higher band may evict it at once.
 * One active swap per target model; every ticket in ``LOADING`` is a waiter of the swap
   for its model, and a swap with no waiters left is cancelled at once.
 """
@@ -38,6 +42,7 @@ from .base import (
     Grant,
     Handover,
     JoinSwap,
+    Recheck,
     RequestState,
     StartSwap,
     Swap,
@@ -48,6 +53,9 @@ from .base import (
 from .priority import BANDS
 
 __all__ = ["Ledger", "Plan", "Queue"]
+
+#: Each band's height: a higher band has a larger number.
+_HEIGHT = {band: -index for index, band in enumerate(BANDS)}
 
 
 class Queue(Protocol):
@@ -89,8 +97,9 @@ class Ledger:
         limits: Mapping[str, int],
         *,
         default_limit: int | None = None,
+        min_residency: float = 0.0,
     ) -> None:
-        self.configure(swapper, limits)
+        self.configure(swapper, limits, min_residency)
         self.default_limit = default_limit  # for a model with no limit of its own
         self.world = world
         #: The tickets admitted per model (a set: releasing one it never admitted, such as
@@ -101,11 +110,17 @@ class Ledger:
         self.closed: RequestError | None = None
         self._outbox: list[Decision] = []
         self._granting: collections.Counter[str] = collections.Counter()
+        #: The times of the ``Recheck``s decided and not yet past: one for each.
+        self._rechecks: set[float] = set()
 
-    def configure(self, swapper: Swapper, limits: Mapping[str, int]) -> None:
-        """The eviction policy and the per-model limits (again, on a reload)."""
+    def configure(
+        self, swapper: Swapper, limits: Mapping[str, int], min_residency: float = 0.0
+    ) -> None:
+        """The eviction policy, the per-model limits and ``minResidency`` (again, on a
+        reload)."""
         self.swapper = swapper
         self.limits = limits
+        self.min_residency = min_residency
 
     def take(self) -> list[Decision]:
         """The decisions made since the last call, in order; the event's return value."""
@@ -185,6 +200,40 @@ class Ledger:
             busy=any(self.busy(model) for model in evict),
         )
 
+    def held_until(self, ticket: Ticket, evict: Collection[str]) -> float | None:
+        """When the first model of ``evict`` that ``minResidency`` keeps from ``ticket``
+        may go; ``None`` if none is kept.
+
+        A model is kept while it became ready less than ``min_residency`` ago and has a
+        request queued (not dispatched yet) of ``ticket``'s band or a higher one: evicting
+        it would throw away a load that work is waiting for, for work no more urgent.
+        """
+        if not self.min_residency:
+            return None
+        now, height = self.world.now(), _HEIGHT[ticket.band]
+        ends = []
+        for model in evict:
+            since = self.world.ready_since(model)
+            if since is None or now >= since + self.min_residency:
+                continue
+            waiting = self.admitted.get(model, ())
+            if any(t.state is RequestState.QUEUED and _HEIGHT[t.band] >= height for t in waiting):
+                ends.append(since + self.min_residency)
+        return min(ends, default=None)
+
+    def held(self, ticket: Ticket, evict: Collection[str]) -> bool:
+        """Whether ``minResidency`` keeps a model of ``evict`` from ``ticket`` now; if so,
+        a ``Recheck`` is decided for when it may go (once for each time)."""
+        until = self.held_until(ticket, evict)
+        if until is None:
+            return False
+        now = self.world.now()
+        self._rechecks = {at for at in self._rechecks if at > now}
+        if until not in self._rechecks:
+            self._rechecks.add(until)
+            self._outbox.append(Recheck(until))
+        return True
+
     def _collides(self, target: str, evict: frozenset[str]) -> bool:
         for swap in self.loads():
             if swap.target == target:
@@ -195,11 +244,12 @@ class Ledger:
 
     def dispatch(self, ticket: Ticket) -> bool:
         """Serve ``ticket`` now, or start the load it needs; False if a model it would
-        evict is busy (or another load collides) and it has to wait."""
+        evict is busy or within its residency (or another load collides) and it has to
+        wait."""
         plan = self.plan(ticket.model)
         if plan.immediate:
             self.grant(ticket)
-        elif plan.blocked:
+        elif plan.blocked or self.held(ticket, plan.evict):
             return False
         else:
             swap = Swap(ticket.model, plan.evict)

@@ -13,7 +13,10 @@ across all models, picking the best score whenever the slot frees::
                eviction, else 0
 
 Ties go to the earliest arrival. A request whose model must load holds the slot through
-the load; nothing running is ever preempted.
+the load; nothing running is ever preempted. A pick that would evict a model loaded less
+than ``minResidency`` ago, while requests of the same band or a higher one wait for it,
+passes over that request's model (the ledger's residency rule), so those requests are
+served first.
 
 Why these terms
 ---------------
@@ -143,6 +146,7 @@ class SerialScheduler:
         max_queued: requests that may wait at once, across every model; beyond, 429.
         slots: requests in service at once, all for the loaded model...
         model_slots: ...or as many as this says for that model (``[models.X] slots``).
+        min_residency: ``minResidency``, seconds; 0 turns the rule off.
 
     A model has no ``concurrencyLimit`` unless it sets one: serial exists to queue a burst
     and serve it by score, not to refuse it.
@@ -161,8 +165,9 @@ class SerialScheduler:
         max_queued: int = DEFAULT_MAX_QUEUED,
         slots: int = 1,
         model_slots: Mapping[str, int] | None = None,
+        min_residency: float = 0.0,
     ) -> None:
-        self._ledger = Ledger(world, swapper, limits)
+        self._ledger = Ledger(world, swapper, limits, min_residency=min_residency)
         self._world = world
         self._configure(aging_divisor, swap_affinity_bonus, max_queued, slots, model_slots or {})
         self._lanes = _Lanes()
@@ -272,8 +277,13 @@ class SerialScheduler:
         if ticket in holders:
             holders.remove(ticket)
             self._fill_slots()
-        elif holders and holders[0].state is RequestState.QUEUED:
-            self._ledger.dispatch(holders[0])  # its swap waited for this model to drain
+        else:
+            self._dispatch_waiting_lead()  # its swap may have waited for this model to drain
+        return self._ledger.take()
+
+    def on_recheck(self) -> list[Decision]:
+        self._dispatch_waiting_lead()
+        self._fill_slots()
         return self._ledger.take()
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
@@ -302,7 +312,7 @@ class SerialScheduler:
 
     def on_reconfigure(self, config: Config, swapper: Swapper) -> list[Decision]:
         settings = config.routing.scheduler.settings.serial
-        self._ledger.configure(swapper, limits(config))
+        self._ledger.configure(swapper, limits(config), config.min_residency)
         self._configure(
             settings.aging_divisor,
             settings.swap_affinity_bonus,
@@ -402,6 +412,23 @@ class SerialScheduler:
                 self._ledger.fail(holder, error(holder.model))
         self._holders = kept
 
+    def _dispatch_waiting_lead(self) -> None:
+        """Start the lead's load if it waited for a model to drain and may go now. If the
+        model it evicts is in its residency, the lead gives the slot back and waits in its
+        lane: the slot goes to the requests that keep that model."""
+        holders = self._holders
+        if not holders or holders[0].state is not RequestState.QUEUED:
+            return
+        lead = holders[0]
+        plan = self._ledger.plan(lead.model)
+        if plan.blocked or not self._ledger.held(lead, plan.evict):
+            self._ledger.dispatch(lead)
+            return
+        holders.remove(lead)
+        lead.score = None
+        self._lanes.push(lead, self.static_key(lead))
+        self._fill_slots()
+
     def _rank(self, ticket: Ticket, affinity: bool) -> tuple[int, int]:
         """Bigger is better: the static key plus affinity, then earlier arrival."""
         return (self.static_key(ticket) + (self._bonus_units() if affinity else 0), -ticket.seq)
@@ -433,6 +460,13 @@ class SerialScheduler:
                 no_aging, no_aging_rank = eldest, unaged
         return best, no_aging, no_affinity
 
+    def _held(self, ticket: Ticket) -> bool:
+        """Whether ``minResidency`` keeps a model the pick of ``ticket`` would evict (a
+        ``Recheck`` is then decided for its end)."""
+        if not self._ledger.min_residency or self._ledger.swaps.get(ticket.model):
+            return False
+        return self._ledger.held(ticket, self._ledger.evictions(ticket.model))
+
     def _enter(self, ticket: Ticket) -> bool:
         """Admit ``ticket`` (or raise ``QueueFull``, ``ConcurrencyLimit``): a page like GET
         /props is granted at once, without the slot; anything else is queued (True)."""
@@ -456,7 +490,11 @@ class SerialScheduler:
             candidates = len(self._lanes)
             affinity = self._affinities()
             ticket, no_aging, no_affinity = self._choose(affinity)
-            assert ticket is not None
+            while ticket is not None and not affinity[ticket.model] and self._held(ticket):
+                del affinity[ticket.model]  # its load would evict a model still in residency
+                ticket, no_aging, no_affinity = self._choose(affinity)
+            if ticket is None:
+                return  # every candidate is held: a Recheck wakes the scheduler
             if holders and (
                 ticket.model != holders[0].model or holders[0].state is RequestState.QUEUED
             ):

@@ -2,8 +2,9 @@
 
 The config's own policy, and with ``compare=True`` the policies people weigh it against:
 
-* **arrival order**: ``serial`` with every priority 0 and no affinity, first come first served;
-* **strict priority**: ``serial`` with no aging and no affinity;
+* **arrival order**: ``serial`` with every priority 0, no affinity and no ``minResidency``,
+  first come first served;
+* **strict priority**: ``serial`` with no aging, no affinity and no ``minResidency``;
 * **fifo**: llama-swap's scheduler.
 """
 
@@ -46,14 +47,16 @@ __all__ = [
 class Policy:
     """A scheduling policy: the config's own, or the config with its scheduler changed.
 
-    ``use`` and ``serial`` (``routing.scheduler.settings.serial`` keys, as TOML names them)
-    are what a config file would change, so a benchmark can write the same policy to TOML.
+    ``use``, ``serial`` (``routing.scheduler.settings.serial`` keys, as TOML names them)
+    and ``min_residency`` (``minResidency``) are what a config file would change, so a
+    benchmark can write the same policy to TOML.
     """
 
     name: str
     use: Literal["fifo", "serial"] | None = None
     serial: Mapping[str, int] = attrs.field(factory=dict)
     ignore_priority: bool = False
+    min_residency: float | None = None  # None: the config's
 
     def applied(self, config: Config) -> Config:
         """``config`` under this policy."""
@@ -67,11 +70,20 @@ class Policy:
             use=self.use or section.use,
             settings=attrs.evolve(section.settings, serial=serial),
         )
-        return attrs.evolve(config, routing=attrs.evolve(config.routing, scheduler=scheduler))
+        routing = attrs.evolve(config.routing, scheduler=scheduler)
+        if self.min_residency is None:
+            return attrs.evolve(config, routing=routing)
+        return attrs.evolve(config, routing=routing, min_residency=self.min_residency)
 
 
-ARRIVAL_ORDER = Policy("arrival order", "serial", {"swapAffinityBonus": 0}, ignore_priority=True)
-STRICT_PRIORITY = Policy("strict priority", "serial", {"agingDivisor": 0, "swapAffinityBonus": 0})
+# The references keep no model for its waiting requests (minResidency) either: that would
+# be a kind of affinity, and they would no longer be what their names say.
+ARRIVAL_ORDER = Policy(
+    "arrival order", "serial", {"swapAffinityBonus": 0}, ignore_priority=True, min_residency=0.0
+)
+STRICT_PRIORITY = Policy(
+    "strict priority", "serial", {"agingDivisor": 0, "swapAffinityBonus": 0}, min_residency=0.0
+)
 FIFO = Policy("fifo", "fifo")
 
 

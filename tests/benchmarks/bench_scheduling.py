@@ -61,6 +61,8 @@ def policy_toml(text: str, policy: Policy, start_port: int) -> str:
     """The config file ``text`` with ``policy`` written into it, as a user would."""
     doc = tomlkit.parse(text)
     doc["startPort"] = start_port
+    if policy.min_residency is not None:
+        doc["minResidency"] = policy.min_residency
     routing = doc.setdefault("routing", tomlkit.table())
     scheduler = routing.setdefault("scheduler", tomlkit.table())
     if policy.use is not None:

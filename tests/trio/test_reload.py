@@ -229,8 +229,10 @@ async def test_switching_scheduler_requeues_waiting_requests_in_arrival_order(
         assert router.scheduler.statistics().waiting == 3  # fifo
         # No affinity: serial then serves in arrival order (fifo would collate: b b c).
         settings = SchedulerSettings(serial=SerialSettings(swap_affinity_bonus=0))
+        # No minResidency either: it would keep the just-loaded 'b' for its second request.
         serial = Config(
             models=exclusive.models,
+            min_residency=0.0,
             routing=Routing(scheduler=SchedulerSection(use="serial", settings=settings)),
         )
         await router.reconfigure(serial)

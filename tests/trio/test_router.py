@@ -31,8 +31,9 @@ from llamaswap.errors import (
 )
 from llamaswap.process import ModelState
 from llamaswap.router import Router
+from llamaswap.router.events import Observer
 from llamaswap.router.lease import Lease
-from llamaswap.schedulers import Decision, Grant, JoinSwap, StartSwap, Ticket
+from llamaswap.schedulers import Decision, Grant, JoinSwap, Recheck, StartSwap, Ticket
 from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder, decisions_into
 
 S = ModelState
@@ -680,3 +681,82 @@ async def test_serial_queues_a_burst_of_a_thousand_and_serves_every_one(
     assert refused == []
     assert sorted(served) == list(range(1000))
     assert len(spawner.processes) == 1
+
+
+async def serial_router(
+    nursery: trio.Nursery, spawner: FakeSpawner, *observers: Observer
+) -> Router:
+    """'a' and 'b', one at a time, under serial with no affinity (and the default
+    minResidency, 5 s)."""
+    serial = SerialSettings(swap_affinity_bonus=0)
+    config = Config(
+        models={"a": model(1), "b": model(2)},
+        routing=Routing(
+            scheduler=SchedulerSection(use="serial", settings=SchedulerSettings(serial=serial))
+        ),
+    )
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner), observers=observers)
+    await nursery.start(router.run)
+    return router
+
+
+async def test_serial_keeps_a_model_in_its_residency_for_its_waiting_request(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+) -> None:
+    # No affinity: 'b' arrived first and is the better pick. But 'a' loaded 1 s before
+    # the slot frees (minResidency: 5 s by default) and a request waits for it, so that
+    # request goes first, and 'b' loads the moment nothing waits for 'a'.
+    decisions: list[Decision] = []
+    router = await serial_router(nursery, spawner, decisions_into(decisions))
+    served: list[tuple[str, float]] = []
+    both = trio.Event()
+
+    async def request(name: str) -> None:
+        async with lease(router, name):
+            served.append((name, trio.current_time()))
+            await trio.sleep(1.0)
+        if len(served) == 2:
+            both.set()
+
+    async with lease(router, "a"):
+        ready = router.statistics("a").ready_since
+        assert ready is not None
+        nursery.start_soon(request, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(request, "a")
+        await trio.sleep_until(ready + 1.0)
+    await both.wait()
+    assert served[0] == ("a", ready + 1.0)
+    a_server, b_server = spawner.processes
+    assert a_server.signals == [(ready + 2.0, signal.SIGTERM)]  # once its request is done
+    assert b_server.spawned_at == ready + 2.0
+    assert Recheck(ready + 5.0) in decisions  # the router's wake-up, had it been needed
+
+
+async def test_serial_evicts_a_model_whose_residency_is_over(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+) -> None:
+    # As above, but the slot frees 6 s after 'a' became ready: its residency (5 s) is
+    # over, so 'b', the better pick, evicts it although a request still waits for it.
+    router = await serial_router(nursery, spawner)
+    order: list[str] = []
+
+    async def request(name: str) -> None:
+        async with lease(router, name):
+            order.append(name)
+
+    async with lease(router, "a"):
+        ready = router.statistics("a").ready_since
+        assert ready is not None
+        nursery.start_soon(request, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(request, "a")
+        await trio.sleep_until(ready + 6.0)
+    await trio.testing.wait_all_tasks_blocked()
+    a_server, b_server = spawner.processes[:2]
+    assert a_server.signals == [(ready + 6.0, signal.SIGTERM)]
+    assert b_server.spawned_at == ready + 6.0

@@ -9,7 +9,7 @@ from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, 
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.router.swappers.matrix import MatrixSwapper
-from llamaswap.schedulers.base import RequestState
+from llamaswap.schedulers.base import RequestState, Ticket
 from llamaswap.schedulers.fifo import FifoScheduler
 from tests.fakes import Driven, FakeWorld, ticket
 
@@ -365,3 +365,53 @@ def test_matrix_loads_beside_a_model_being_loaded_when_another_set_fits() -> Non
     fx.complete(s, c_load)
     fx.complete(s, a_load)
     assert fx.granted == [on_c, on_a]
+
+
+def residency_case(
+    *, now: float, b_priority: int = 0, a_waits: bool = True
+) -> tuple[FakeWorld, Driven[FifoScheduler], Ticket]:
+    """``a`` became ready at 0 and is idle; ``c`` beside it serves one request, which
+    ``a``'s own waiting request (if ``a_waits``) and one for ``b`` wait behind. At ``now``
+    the request for ``c`` finishes: does ``b``'s load evict ``a``? (``minResidency`` 5 s.)"""
+    fx = FakeWorld()
+    s = Driven(FifoScheduler(fx, GroupSwapper({}), limits={}, min_residency=5.0), fx)
+    fx.states["c"] = READY
+    s.on_request(on_c := ticket("c", 0))
+    # 'a' beside 'c', though neither may run with the other: a state the router never
+    # makes (under fifo a ready model's requests run at once), but the ledger's rule holds.
+    fx.states["a"] = READY
+    fx.ready["a"] = 0.0
+    s.on_request(on_b := ticket("b", 1, priority=b_priority))
+    if a_waits:
+        s.on_request(ticket("a", 2))  # waits for c, which a evicts
+    assert fx.swaps == []
+    fx.time = now
+    s.on_finish(on_c)
+    return fx, s, on_b
+
+
+@pytest.mark.parametrize("b_priority", [0, 49])  # 49: higher, but in the same band
+def test_a_model_in_its_residency_is_kept_for_its_waiting_requests(b_priority: int) -> None:
+    fx, _, on_b = residency_case(now=1.0, b_priority=b_priority)
+    assert [swap.target for swap in fx.swaps] == ["a"]  # a's own request goes, not b's
+    assert on_b.state is RequestState.QUEUED
+    assert fx.rechecks == [5.0]  # when a may go
+
+
+def test_a_higher_band_evicts_a_model_in_its_residency() -> None:
+    fx, _, on_b = residency_case(now=1.0, b_priority=100)
+    assert [(s.target, s.evict) for s in fx.swaps] == [("b", frozenset({"a", "c"}))]
+    assert on_b.state is RequestState.LOADING
+    assert fx.rechecks == []
+
+
+def test_a_model_is_evicted_once_its_residency_is_over() -> None:
+    fx, _, on_b = residency_case(now=5.0)
+    assert [swap.target for swap in fx.swaps] == ["b"]
+    assert on_b.state is RequestState.LOADING
+
+
+def test_a_model_with_no_waiting_request_is_evicted_at_once() -> None:
+    fx, _, _ = residency_case(now=1.0, a_waits=False)
+    assert [swap.target for swap in fx.swaps] == ["b"]
+    assert fx.rechecks == []

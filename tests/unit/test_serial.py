@@ -700,3 +700,77 @@ def test_a_surrendered_scheduler_hands_over_everything_and_its_counts_are_final(
     assert (stats.waiting, stats.loading, stats.swaps) == (0, 0, ())
     assert all(t.state is RequestState.QUEUED for t in handover.waiting)
     assert SchedulerCounts.of(old.statistics()) == counts
+
+
+def residency_case(
+    *, now: float, b_priority: int = 0, a_waits: bool = True
+) -> tuple[FakeWorld, Driven[SerialScheduler], Ticket]:
+    """``a`` became ready at 0 and serves the slot's request; one for ``b`` arrives, then
+    (if ``a_waits``) another for ``a``. With no affinity, ``b``'s is the better pick. At
+    ``now`` the slot frees: does ``b``'s load evict ``a``? (``minResidency`` 5 s.)"""
+    fx = FakeWorld()
+    scheduler = SerialScheduler(
+        fx, GroupSwapper({}), limits={}, swap_affinity_bonus=0, min_residency=5.0
+    )
+    s = Driven(scheduler, fx)
+    fx.states["a"] = READY
+    fx.ready["a"] = 0.0
+    s.on_request(serving := ticket("a", 0, arrival=0.0))
+    s.on_request(on_b := ticket("b", 1, priority=b_priority, arrival=0.5))
+    if a_waits:
+        s.on_request(ticket("a", 2, arrival=0.5))
+    fx.time = now
+    s.on_finish(serving)
+    return fx, s, on_b
+
+
+@pytest.mark.parametrize("b_priority", [0, 49])  # 49: higher, but in the same band
+def test_a_model_in_its_residency_serves_its_waiting_requests_first(b_priority: int) -> None:
+    fx, s, on_b = residency_case(now=1.0, b_priority=b_priority)
+    assert fx.swaps == []
+    assert fx.granted_models() == ["a", "a"]  # the waiting 'a' took the slot, not 'b'
+    assert on_b.state is RequestState.QUEUED
+    assert fx.rechecks == [5.0]
+    fx.time = 2.0
+    s.on_finish(fx.granted[-1])  # nothing waits for 'a' now: it goes at once
+    assert [(x.target, x.evict) for x in fx.swaps] == [("b", frozenset({"a"}))]
+
+
+def test_a_higher_band_evicts_a_model_in_its_residency() -> None:
+    fx, _, on_b = residency_case(now=1.0, b_priority=100)
+    assert [(x.target, x.evict) for x in fx.swaps] == [("b", frozenset({"a"}))]
+    assert on_b.state is RequestState.LOADING
+    assert fx.rechecks == []
+
+
+def test_a_model_is_evicted_once_its_residency_is_over() -> None:
+    fx, _, _ = residency_case(now=5.0)
+    assert [swap.target for swap in fx.swaps] == ["b"]
+    assert fx.granted_models() == ["a"]
+
+
+def test_a_model_with_no_waiting_request_is_evicted_at_once() -> None:
+    fx, _, _ = residency_case(now=1.0, a_waits=False)
+    assert [swap.target for swap in fx.swaps] == ["b"]
+    assert fx.rechecks == []
+
+
+def test_a_lead_waiting_for_a_drain_gives_the_slot_back_to_a_model_in_residency() -> None:
+    fx = FakeWorld()
+    s = Driven(SerialScheduler(fx, GroupSwapper({}), limits={}, min_residency=5.0), fx)
+    fx.states["a"] = READY
+    fx.ready["a"] = 0.0
+    s.on_request(page := Ticket("a", seq=0, needs_slot=False))
+    s.on_request(on_b := ticket("b", 1, arrival=0.0))  # the lead: waits for 'a' to drain
+    s.on_request(on_a := ticket("a", 2, arrival=0.0))
+    assert s.scheduler.statistics().slot_holder == "b"
+    fx.time = 1.0
+    s.on_finish(page)  # 'a' drained, but its residency keeps it for on_a
+    assert fx.granted == [page, on_a]
+    assert on_b.state is RequestState.QUEUED
+    assert fx.rechecks == [5.0]
+    fx.time = 5.0
+    s.on_recheck()  # the slot is on_a's: nothing is preempted
+    assert fx.swaps == []
+    s.on_finish(on_a)
+    assert [(x.target, x.evict, x.waiters) for x in fx.swaps] == [("b", frozenset({"a"}), [on_b])]
