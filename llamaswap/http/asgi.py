@@ -19,7 +19,7 @@ from hypercorn.typing import (
 
 from llamaswap.errors import BodyTooLarge, RequestError
 
-from .errors import error_response
+from .errors import error_answer
 
 __all__ = [
     "CLIENT_LEFT_EXTENSION",
@@ -193,11 +193,7 @@ class Inbox:
 async def send_error(send: ASGISendCallable, error: RequestError, *, close: bool = False) -> None:
     """Answer ``error`` with its status and JSON body (SPEC §4.3); ``close``: the
     connection closes after it (the rest of the request may still come)."""
-    status, headers, body = error_response(error)
-    raw = [(k.encode(), v.encode()) for k, v in headers]
-    raw.append((b"content-length", str(len(body)).encode()))
-    if close:
-        raw.append((b"connection", b"close"))
+    status, raw, body = error_answer(error, close=close)
     await send(
         {"type": "http.response.start", "status": status, "headers": raw, "trailers": False}
     )

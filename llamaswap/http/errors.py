@@ -25,7 +25,7 @@ from llamaswap.errors import (
     UpstreamError,
 )
 
-__all__ = ["error_response"]
+__all__ = ["error_answer", "error_response"]
 
 # class → (status, OpenAI error type, code, extra headers)
 _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...]]] = {
@@ -68,3 +68,17 @@ def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], byt
     body = {"error": {"message": str(error), "type": kind, "code": code, "param": param}}
     headers = [("content-type", "application/json"), *extra]
     return status, headers, json.dumps(body).encode()
+
+
+def error_answer(
+    error: RequestError, *, close: bool = False
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """``error_response`` as the answer goes on the wire: the fields as bytes, with the
+    body's Content-Length, and ``Connection: close`` when ``close`` (the rest of the
+    request may still come)."""
+    status, headers, body = error_response(error)
+    fields = [(name.encode(), value.encode()) for name, value in headers]
+    fields.append((b"content-length", str(len(body)).encode()))
+    if close:
+        fields.append((b"connection", b"close"))
+    return status, fields, body

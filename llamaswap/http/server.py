@@ -2,10 +2,11 @@
 
 hypercorn builds each connection's handler from ``hypercorn.trio.run.TCPServer``, its
 task group from ``hypercorn.trio.tcp_server.TaskGroup``, and its HTTP/1.1 side from
-``hypercorn.protocol.H11Protocol``; importing this module installs :class:`TCPServer`,
-:class:`TaskGroup` and :class:`H11Protocol` there. The first point and the last two change
-what a client sees; the others make a small request more than a quarter cheaper
-(docs/performance.md, fifth pass):
+``hypercorn.protocol.H11Protocol``; :func:`install` (``serve()`` calls it) puts
+:class:`TCPServer`, :class:`TaskGroup` and :class:`H11Protocol` there, once it has checked
+that hypercorn is a release this module was written for. The second and third points make
+a small request more than a quarter cheaper (docs/performance.md, fifth pass); the others
+change what a client sees:
 
 * **once nothing more can be read, the idle timer stops**: the connection closes as soon
   as the answer being sent, if any, is over. hypercorn read the connection until end of
@@ -31,9 +32,15 @@ what a client sees; the others make a small request more than a quarter cheaper
 * **``100 Continue`` goes out when the application first asks for the body**, so that a
   client that sent ``Expect: 100-continue`` is refused (401, 404, 413...) before it sends
   its body. hypercorn said it as soon as it had read the request's head;
-* **the shutdown's last cancel reaches every write** (:func:`abandon_writes`): hypercorn
-  shields each write from cancellation, so that none is cut in half, and a write to a
-  client that does not read held the process until that client left.
+* **a write that waits is cancelled with its task, and bounded by
+  ``clientWriteTimeout``**; either way the connection closes (:meth:`TCPServer.protocol_send`).
+  hypercorn shielded each write, so a client that did not read held its request, and the
+  shutdown, until it left;
+* **HTTP/1.1 only, and nothing smuggled** (``_Connection``): HTTP/2's preface, a request
+  with both ``Content-Length`` and ``Transfer-Encoding``, and a chunk announced over
+  ``maxBodyBytes`` are refused as h11's own errors are;
+* **one connection's failure ends that connection**, logged once (:meth:`TCPServer.run`);
+  uncaught, it unwound the whole server.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ from llamaswap.errors import BadRequest, BodyTooLarge, HeadTooLarge, RequestErro
 
 from .asgi import CLIENT_LEFT_EXTENSION, ClientLeft, Inbox
 from .client import send_now
-from .errors import error_response
+from .errors import error_answer
 
 __all__ = ["H11Protocol", "IdleTimer", "ServerConfig", "TCPServer", "TaskGroup", "install"]
 
@@ -452,9 +459,7 @@ class H11Protocol(hypercorn.protocol.h11.H11Protocol):
             error = connection.refusal
         else:
             error = BadRequest("the request is not valid HTTP/1.1")
-        status, headers, body = error_response(error)
-        fields = [(name.encode(), value.encode()) for name, value in headers]
-        fields += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        status, fields, body = error_answer(error, close=True)
         fields += self.config.response_headers("h11")
         await self._send_h11_event(h11.Response(status_code=status, headers=fields))
         await self._send_h11_event(h11.Data(data=body))

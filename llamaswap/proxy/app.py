@@ -41,7 +41,7 @@ from llamaswap.errors import (
 from llamaswap.http.asgi import Inbox, send_error
 from llamaswap.http.auth import authorized, credentials
 from llamaswap.http.client import UpstreamPool
-from llamaswap.http.errors import error_response
+from llamaswap.http.errors import error_answer, error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
@@ -97,10 +97,8 @@ class Application:
             error = BadRequest(
                 "llamaswap does not accept WebSocket connections; send plain HTTP requests"
             )
-            status, headers, body = error_response(error)
             if "websocket.http.response" in scope.get("extensions", {}):
-                raw = [(k.encode(), v.encode()) for k, v in headers]
-                raw.append((b"content-length", str(len(body)).encode()))
+                status, raw, body = error_answer(error)
                 await send(
                     {"type": "websocket.http.response.start", "status": status, "headers": raw}
                 )

@@ -49,7 +49,7 @@ from llamaswap.http import asgi
 from llamaswap.http.asgi import RequestBody
 from llamaswap.http.auth import authorized
 from llamaswap.http.client import UpstreamFailed, UpstreamPool, UpstreamResponse
-from llamaswap.http.errors import error_response
+from llamaswap.http.errors import error_answer, error_response
 from llamaswap.http.headers import (
     downstream_headers,
     has_body,
@@ -142,8 +142,8 @@ class _Reply:
         await self.body(json.dumps(document).encode(), more=False)
 
     async def error(self, error: RequestError) -> None:
-        status, headers, body = error_response(error)
-        await self.start(status, [(k.encode(), v.encode()) for k, v in headers])
+        status, fields, body = error_answer(error)
+        await self.start(status, fields)
         await self.body(body, more=False)
 
 

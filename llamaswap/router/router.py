@@ -411,7 +411,7 @@ class Router:
         *Cancellation*: the stops go on without the cancelled caller.
         """
         if models is None:
-            running = self.running_models() | {swap.target for swap in self.swaps_in_progress()}
+            running = self.running_models() | {swap.target for swap in self._swap_scopes}
             models = [model for model in self._supervisors if model in running]
         targets = list(models)
         self._decide("unload", partial(self.scheduler.on_unload, targets))
@@ -536,9 +536,6 @@ class Router:
 
     def in_flight(self, model: str) -> int:
         return self._leases.in_flight(model)
-
-    def swaps_in_progress(self) -> Collection[Swap]:
-        return self._swap_scopes.keys()
 
     # ------------------------------------------------------------- decisions
 

@@ -102,8 +102,7 @@ class Ledger:
         self.configure(swapper, limits, min_residency)
         self.default_limit = default_limit  # for a model with no limit of its own
         self.world = world
-        #: The tickets admitted per model (a set: releasing one it never admitted, such as
-        #: another scheduler's after a reload switched them, changes nothing).
+        #: The tickets admitted per model (a set: releasing one twice changes nothing).
         self.admitted: dict[str, set[Ticket]] = {}
         self.swaps: dict[str, Swap] = {}
         self.dispatched: collections.Counter[str] = collections.Counter()

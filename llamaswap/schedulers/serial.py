@@ -290,8 +290,8 @@ class SerialScheduler:
         if self._ledger.finish_swap(swap, error) and error is not None:
             self._ledger.fail_queued(self._lanes, {swap.target}, error)
             self._holders = [t for t in self._holders if t.state is RequestState.SERVING]
-        # More of the slots, for the model now ready; or, after another scheduler's load
-        # (which held requests back), whatever may go now.
+        # More of the slots, for the model now ready; or, after a load that failed or was
+        # cancelled (which held requests back), whatever may go now.
         self._fill_slots()
         return self._ledger.take()
 
