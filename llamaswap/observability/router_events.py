@@ -105,7 +105,7 @@ class RouterEvents:
         }
 
     def on_event(self, event: RouterEvent) -> None:
-        if isinstance(event, ModelStateChanged | ModelSpawned):  # a spawn: its PID
+        if isinstance(event, (ModelStateChanged, ModelSpawned)):  # a spawn: its PID
             self._publish_model(event.model)
         elif isinstance(event, RequestChanged):
             self.on_request(event.change, event.lease)

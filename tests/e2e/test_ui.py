@@ -1109,6 +1109,9 @@ use = "serial"
             expect(page.locator("#runs li").first.locator('[data-step="queued"]')).to_have_class(
                 "now", timeout=WAIT
             )
+            # The card's counts come with the model's coalesced event (at most 100 ms on).
+            waiting = tab.model("chat").locator('[data-role="waiting"]')
+            expect(waiting).to_have_text("4", timeout=WAIT)
             page.screenshot(path=target / "dashboard.png", full_page=True, animations="disabled")
             page.locator("#models-panel").screenshot(
                 path=target / "models.png", animations="disabled"
