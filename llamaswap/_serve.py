@@ -47,6 +47,7 @@ from llamaswap.observability import (
 )
 from llamaswap.process import HttpProbe, LogRing, ModelState, SubprocessSpawner, open_lifeline
 from llamaswap.proxy import UpstreamPool, create_app
+from llamaswap.resources import Resources, open_probe
 from llamaswap.router import Router, RouterEvent
 from llamaswap.router.events import ModelStateChanged
 
@@ -215,7 +216,16 @@ async def serve(
         UpstreamPool(connect_timeout=10.0) as pool,
         trio.open_nursery() as nursery,
     ):
-        router = Router(config, spawner=SubprocessSpawner(lifeline), probe=HttpProbe(pool))
+        gpu, absent = await trio.to_thread.run_sync(open_probe)
+        if gpu is None:
+            logger.info("no GPU figures: %s", absent)
+        resources = Resources(config, gpu, absent=absent, store=store)
+        router = Router(
+            config,
+            spawner=SubprocessSpawner(lifeline),
+            probe=HttpProbe(pool),
+            resources=resources,
+        )
         router.observe(partial(_close_upstream_connections, router, pool), ModelStateChanged)
         hub = EventHub()
         logs = Logs.of(own_log, router)
@@ -230,6 +240,7 @@ async def serve(
             listen_host=listen_address(listen)[0],
         )
         await nursery.start(hub.run)
+        await nursery.start(partial(resources.run, router.pids))
         await nursery.start(router.run)
         stop_accepting = trio.Event()
         server_config = _hypercorn_config(listen, lambda: router.config)

@@ -284,7 +284,14 @@ def output_tail(lines: Sequence[str]) -> str:
 
 class ModelStartFailed(RequestError):
     """The model server did not become ready: it exited, ``healthCheckTimeout`` passed, or
-    another process already answered on its port."""
+    another process already answered on its port.
+
+    ``out_of_memory``: the line of its output that shows it ran out of memory (a CUDA,
+    ROCm, Metal or Vulkan allocation failure), set by the router that saw it; its load is
+    then retried once after evicting every idle model (``Ledger.finish_swap``).
+    """
+
+    out_of_memory: str | None = None
 
     def __init__(
         self,

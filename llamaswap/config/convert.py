@@ -36,7 +36,7 @@ from cattrs.gen import make_dict_structure_fn, mapping_structure_factory, overri
 
 from llamaswap.keypaths import Path, Problem, did_you_mean, known_list
 
-from .model import FilterConfig, LogLevel, LogToStdout, ModelConfig, toml_key
+from .model import Config, DeviceConfig, FilterConfig, LogLevel, LogToStdout, ModelConfig, toml_key
 from .values import (
     Bounds,
     InvalidValue,
@@ -49,7 +49,9 @@ from .values import (
     parse_env,
     parse_int,
     parse_int_in,
+    parse_memory,
     parse_names,
+    parse_size,
     parse_str,
     plain,
 )
@@ -65,6 +67,10 @@ _FIELD_HOOKS: dict[tuple[type, str], Hook] = {
     (ModelConfig, "cmd_stop"): lambda value, _: parse_command(value),
     (ModelConfig, "env"): lambda value, _: parse_env(value),
     (FilterConfig, "strip_params"): lambda value, _: parse_names(value),
+    (ModelConfig, "memory"): lambda value, _: parse_memory(value),
+    (DeviceConfig, "memory"): lambda value, _: parse_size(value),
+    (DeviceConfig, "headroom"): lambda value, _: parse_size(value),
+    (Config, "memory_headroom"): lambda value, _: parse_size(value),
 }
 
 

@@ -24,6 +24,7 @@ from .values import Bounds
 
 __all__ = [
     "Config",
+    "DeviceConfig",
     "FifoSettings",
     "FilterConfig",
     "GroupConfig",
@@ -204,6 +205,12 @@ class ModelConfig:
     send_loading_state: bool = False
     #: ``/v1/messages``: passed through ("native") or converted to chat completions.
     anthropic: Literal["native", "translate"] = "native"
+    #: Bytes the server needs, by device (``gpu0``, ``cpu``, a ``[devices]`` name); empty:
+    #: not declared (learned from the GPU after a load, where a probe can read it).
+    memory: Mapping[str, int] = attrs.field(factory=dict)
+    #: Weight files to read into the page cache before a load (``prefetch``); empty: the
+    #: ``-m``/``--model`` file of ``cmd``, if any.
+    files: tuple[str, ...] = ()
 
     @property
     def health_url(self) -> str | None:
@@ -312,6 +319,23 @@ class StoreConfig:
 
 
 @attrs.frozen
+class DeviceConfig:
+    """``[devices.NAME]``: a device's memory budget, declared or corrected.
+
+    ``memory``: the bytes models may use on it; None: what the GPU probe reports (a
+    ``gpuN`` device), or the machine's RAM (``cpu``). ``headroom``: bytes kept free;
+    None: the top-level ``memoryHeadroom``.
+    """
+
+    memory: int | None = None
+    headroom: int | None = None
+
+
+#: ``memoryHeadroom``: what CUDA's context and fragmentation take beside the figures.
+DEFAULT_MEMORY_HEADROOM = 512 * 2**20
+
+
+@attrs.frozen
 class Config:
     """A whole, validated configuration file."""
 
@@ -344,6 +368,10 @@ class Config:
     #: Origins whose browser pages may call llamaswap (CORS); ``"*"``: any, on the
     #: inference routes only (the management API answers only origins listed by name).
     cors_origins: tuple[str, ...] = ("*",)
+    #: Memory budgets by device name; devices the probe finds are there without a table.
+    devices: Mapping[str, DeviceConfig] = attrs.field(factory=dict)
+    #: Bytes kept free on every device whose table does not set ``headroom``.
+    memory_headroom: int = DEFAULT_MEMORY_HEADROOM
     #: Host names llamaswap answers to besides its listen address, loopback names and IP
     #: addresses (``"*.example.org"``: any name under it); ``"*"``: any (proxy/site.py).
     allowed_hosts: tuple[str, ...] = ()

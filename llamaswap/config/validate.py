@@ -21,7 +21,7 @@ from .matrix_expr import check_sets
 from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config, ModelConfig
 from .values import number_text
 
-__all__ = ["NAME_RULE", "bad_name", "validate"]
+__all__ = ["DETECTED_DEVICE", "NAME_RULE", "bad_name", "validate"]
 
 _GROUPS: Path = ("routing", "router", "settings", "groups")
 _MATRIX: Path = ("routing", "router", "settings", "matrix")
@@ -60,6 +60,7 @@ def validate(
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
+    _check_devices(config, problems)
     return _cap_bonus(config, problems), problems
 
 
@@ -329,6 +330,24 @@ def _check_store(config: Config, problems: list[Problem]) -> None:
         problems.append(Problem(("store", "path"), "expected the path of a SQLite file, got ''"))
     elif "\0" in path:
         problems.append(Problem(("store", "path"), "a file path cannot contain a NUL character"))
+
+
+#: Device names a probe can find: ``gpuN`` (NVML's index N) and ``cpu`` (the machine's RAM).
+DETECTED_DEVICE = re.compile(r"gpu[0-9]+|cpu")
+
+
+def _check_devices(config: Config, problems: list[Problem]) -> None:
+    """A device a probe cannot find needs its budget; a model's memory names a device."""
+    for name, device in config.devices.items():
+        if device.memory is None and not DETECTED_DEVICE.fullmatch(name):
+            message = "a device other than gpuN or cpu needs its budget: set memory"
+            problems.append(Problem(("devices", name), message))
+    for model_id, model in config.models.items():
+        for used in model.memory:
+            if used not in config.devices and not DETECTED_DEVICE.fullmatch(used):
+                hint = suggestion(used, ["gpu0", "cpu", *config.devices], noun="devices")
+                message = f"unknown device {used!r} (gpuN, cpu or a [devices] table): {hint}"
+                problems.append(Problem(("models", model_id, "memory", used), message))
 
 
 def _cap_bonus(config: Config, problems: list[Problem]) -> Config:

@@ -18,8 +18,10 @@ import attrs
 from llamaswap.keypaths import Path, leaves
 
 __all__ = [
+    "DEFAULT_DEVICE",
     "DURATION_HINT",
     "MAX_COMMAND_LENGTH",
+    "SIZE_HINT",
     "Bounds",
     "EnvText",
     "InvalidValue",
@@ -34,7 +36,9 @@ __all__ = [
     "parse_env",
     "parse_int",
     "parse_int_in",
+    "parse_memory",
     "parse_names",
+    "parse_size",
     "parse_str",
     "plain",
     "scalar",
@@ -48,6 +52,19 @@ MAX_COMMAND_LENGTH = 65_536
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d)")
 _PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
+
+#: The device a model's ``memory`` given as one size is on: the first GPU NVML lists.
+DEFAULT_DEVICE = "gpu0"
+SIZE_HINT = 'expected a number of bytes or a size like "22GiB"'
+#: Binary units as GPU tools show them (nvidia-smi's MiB), decimal ones as disks do.
+_UNIT_BYTES = {
+    "b": 1,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}  # fmt: skip
+_SIZE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)")
+#: The largest size a key takes: 1 PiB, beyond any device's memory.
+MAX_SIZE = 2**50
 
 
 class InvalidValue(ValueError):
@@ -382,3 +399,44 @@ def parse_env(value: object) -> dict[str, str]:
     if problems:
         raise InvalidValue.many(problems)
     return env
+
+
+def parse_size(value: object) -> int:
+    """Bytes, from an integer or a string such as ``"22GiB"``, ``"512MiB"``, ``"1.5GB"``.
+
+    Units are ``B``, ``KiB``, ``MiB``, ``GiB``, ``TiB`` (powers of 1024) and ``KB``, ``MB``,
+    ``GB``, ``TB`` (powers of 1000), in any case; a plain number is bytes. The result is
+    rounded to whole bytes and is at most 1 PiB.
+    """
+    value = scalar(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidValue(f"{SIZE_HINT}, got {describe(value)}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.fullmatch(value.strip().lower())
+        if match is None or match.group(2) not in ("", *_UNIT_BYTES):
+            raise InvalidValue(f"{SIZE_HINT}, got {value!r}")
+        number, unit = match.groups()
+        size = round(float(number) * _UNIT_BYTES.get(unit, 1))
+    if not 0 <= size <= MAX_SIZE:
+        raise InvalidValue(f"expected a size from 0 to 1 PiB, got {describe(value)}")
+    return size
+
+
+def parse_memory(value: object) -> dict[str, int]:
+    """A model's ``memory``: one size (on ``gpu0``), or a table of sizes by device name
+    (``{ gpu0 = "20GiB", gpu1 = "4GiB", cpu = "8GiB" }``)."""
+    value = plain(value)
+    if not isinstance(value, dict):
+        return {DEFAULT_DEVICE: parse_size(value)}
+    sizes: dict[str, int] = {}
+    problems: list[tuple[Path, str]] = []
+    for device, size in value.items():
+        try:
+            sizes[str(device)] = parse_size(size)
+        except InvalidValue as exc:
+            problems.extend(((device, *at), text) for at, text in exc.problems)
+    if problems:
+        raise InvalidValue.many(problems)
+    return sizes

@@ -26,6 +26,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from llamaswap.process import ModelState, ModelStatistics
+from llamaswap.resources import Resources
 from llamaswap.router.events import ModelForgotten, ModelStateChanged, RouterEvent
 from llamaswap.schedulers import Scheduler, SchedulerCounts
 from llamaswap.schedulers.priority import BANDS
@@ -54,6 +55,10 @@ class Source(Protocol):
         """Every configured model, and a removed one not yet forgotten."""
 
     def statistics(self, model: str) -> ModelStatistics: ...
+
+    @property
+    def resources(self) -> Resources:
+        """Devices and each model's memory (``/metrics``' GPU series)."""
 
 
 @final
@@ -231,3 +236,54 @@ class _Snapshots(Collector):
                 states.add_metric([model, state.value], float(snapshot.state is state))
             in_flight.add_metric([model], snapshot.in_flight)
         yield from (states, in_flight)
+        yield from _gpu_series(self._source.resources, self._source.known_models())
+
+
+#: The GPU gauges: name, help, and the ``DeviceView`` field each reads.
+_GPU_GAUGES = (
+    ("llamaswap_gpu_memory_used_bytes", "GPU memory in use (every process).", "used"),
+    ("llamaswap_gpu_memory_total_bytes", "GPU memory in all.", "total"),
+    ("llamaswap_gpu_utilization_percent", "GPU busy time over the last sample period.",
+     "utilization"),
+    ("llamaswap_gpu_temperature_celsius", "GPU temperature.", "temperature"),
+    ("llamaswap_gpu_power_watts", "GPU power draw.", "power"),
+)  # fmt: skip
+
+
+def _gpu_series(resources: Resources, models: list[str]) -> Iterator[Metric]:
+    """The devices' gauges as last sampled (a GPU probe's only: without one, absent),
+    each device's budget, and each model's memory: what it needs and what it holds."""
+    devices = resources.devices()
+    probed = [d for d in devices if d.name != "cpu" and d.used is not None]
+    for name, help_text, field in _GPU_GAUGES:
+        gauge = GaugeMetricFamily(name, help_text, labels=["device", "name"])
+        for device in probed:
+            value = getattr(device, field)
+            if value is not None:
+                gauge.add_metric([device.name, device.label], value)
+        yield gauge
+    budget = GaugeMetricFamily(
+        "llamaswap_device_memory_budget_bytes",
+        "What models may use on a device: its memory less headroom.", labels=["device"],
+    )  # fmt: skip
+    for device in devices:
+        if device.budget is not None:
+            budget.add_metric([device.name], device.budget)
+    yield budget
+    held = GaugeMetricFamily(
+        "llamaswap_model_memory_bytes", "Memory a model's processes hold, by device.",
+        labels=["model", "device"],
+    )  # fmt: skip
+    need = GaugeMetricFamily(
+        "llamaswap_model_memory_need_bytes",
+        "Memory a model needs by device, and where the figure comes from.",
+        labels=["model", "device", "source"],
+    )
+    for model in models:
+        memory = resources.memory(model)
+        for name, size in memory.held.items():
+            held.add_metric([model, name], size)
+        if memory.need is not None:
+            for name, size in memory.need.sizes.items():
+                need.add_metric([model, name, memory.need.source], size)
+    yield from (held, need)

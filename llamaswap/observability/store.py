@@ -45,7 +45,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, final
 
 import attrs
@@ -90,9 +90,18 @@ _SCHEMA = (
     record TEXT NOT NULL
 )""",
     "CREATE INDEX IF NOT EXISTS activity_time ON activity (time)",
+    # The memory each model was seen to use, by device (llamaswap/resources/book.py).
+    """CREATE TABLE IF NOT EXISTS learned_memory (
+    model TEXT NOT NULL,
+    device TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    PRIMARY KEY (model, device)
+) WITHOUT ROWID""",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
 _COLUMNS = {"id", "time", "model", "band", "status", "record"}
+#: The tables llamaswap lays out.
+_OURS = {"activity", "learned_memory"}
 
 
 class ActivitySink(Protocol):
@@ -149,7 +158,7 @@ class ActivityStore:
             with self._connect() as connection:
                 # Another program's file is left as it is (llamaswap would add its table
                 # and set user_version, which that program may use for itself).
-                others = _tables(connection) - {"activity"}
+                others = _tables(connection) - _OURS
                 if others:
                     reason = f"it holds tables of another program ({', '.join(sorted(others))})"
                     raise _unusable(config_file, self.path, reason)
@@ -211,7 +220,7 @@ class ActivityStore:
         ``activity`` table. A file that holds other tables (put there by someone else) is
         left as it is, as ``open`` leaves it.
         """
-        others = _tables(connection) - {"activity"}
+        others = _tables(connection) - _OURS
         if others:
             raise sqlite3.OperationalError(
                 f"{self.path!r} was replaced by a database with other tables "
@@ -301,6 +310,40 @@ class ActivityStore:
             )
             stored = []
         return merge_newest(stored, recent.select(query), limit=query.limit)
+
+    async def learned(self) -> dict[str, dict[str, int]]:
+        """Every model's learned memory, by device (``FigureStore``): {} if unreadable."""
+
+        def read() -> dict[str, dict[str, int]]:
+            with self._connect() as connection:
+                rows = connection.execute("SELECT model, device, bytes FROM learned_memory")
+                figures: dict[str, dict[str, int]] = {}
+                for model, device, size in rows:
+                    figures.setdefault(model, {})[device] = size
+                return figures
+
+        try:
+            return await trio.to_thread.run_sync(read, abandon_on_cancel=True)
+        except sqlite3.Error as exc:
+            logger.warning("cannot read learned memory from %s: %s", self.path, exc)
+            return {}
+
+    async def remember(self, model: str, sizes: Mapping[str, int]) -> None:
+        """Keep ``model``'s learned memory (``FigureStore``); a failure is logged."""
+
+        def write() -> None:
+            with self._connect() as connection:
+                connection.execute("BEGIN IMMEDIATE")
+                connection.executemany(
+                    "INSERT OR REPLACE INTO learned_memory VALUES (?, ?, ?)",
+                    [(model, device, size) for device, size in sizes.items()],
+                )
+                connection.execute("COMMIT")
+
+        try:
+            await trio.to_thread.run_sync(write, abandon_on_cancel=True)
+        except sqlite3.Error as exc:
+            logger.warning("cannot keep learned memory in %s: %s", self.path, exc)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

@@ -58,9 +58,10 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, live, routes, site, ui
+from . import cors, gpu, live, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
+from .gpu import memory_entry
 from .operations import client_address, model_status, register
 
 __all__ = ["Application", "create_app"]
@@ -364,6 +365,7 @@ def create_app(
             status = model_status(stats, ttl, now=now, wall_now=wall_now)
             model_name = model.name or target.model_id
             description = model.description or ""
+            status.update(memory_entry(router.resources, target.model_id))
             meta = {**model.metadata, "llamaswap": status}
         return {
             "id": name,
@@ -418,6 +420,7 @@ def create_app(
                     "ttl": model.ttl,
                     "pid": stats.pid,
                     "in_flight": stats.in_flight,
+                    **memory_entry(router.resources, model_id),
                 }
             )
         return _json({"running": entries})
@@ -486,6 +489,7 @@ def create_app(
         return _json({"activity": [record.to_json() for record in records]})
 
     register(quart, router)
+    gpu.register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder)

@@ -36,6 +36,7 @@ import trio
 from llamaswap.config.model import Config, ModelConfig
 from llamaswap.errors import (
     InternalError,
+    ModelStartFailed,
     ModelUnloaded,
     RequestError,
     ShuttingDown,
@@ -50,6 +51,7 @@ from llamaswap.process import (
     Probe,
     Spawner,
 )
+from llamaswap.resources import Resources, out_of_memory
 from llamaswap.schedulers import (
     CancelSwap,
     Decision,
@@ -103,6 +105,9 @@ class Router:
         probe: readiness check.
         observers: told of everything the router does (``events.py``); more can be
             added with ``observe`` before ``run``.
+        resources: what is known of memory and time (``Resources``), which the router
+            teaches (loads, serving times) and the fit rule reads; by default one with
+            no GPU probe (declared figures only).
     """
 
     def __init__(
@@ -112,8 +117,12 @@ class Router:
         spawner: Spawner,
         probe: Probe,
         observers: Collection[Observer] = (),
+        resources: Resources | None = None,
     ) -> None:
         self.config = config
+        self.resources = resources if resources is not None else Resources(config)
+        #: The fit rule's view: figures, budgets, and each model's waiting requests.
+        self._placement = self.resources.placement(self._waiting)
         self.names = Names(config)
         self._spawner = spawner
         self._probe = probe
@@ -132,7 +141,8 @@ class Router:
         #: ``run``'s context, which every supervisor's task is started in (``_start``).
         self._context = contextvars.copy_context()
         #: The one scheduler: a reload that switches hands it everything (``Handover``).
-        self.scheduler: Scheduler = make_scheduler(config, self, make_swapper(config))
+        swapper = make_swapper(config, self._placement)
+        self.scheduler: Scheduler = make_scheduler(config, self, swapper)
         #: The final counts of every scheduler a reload switched out (metrics add the
         #: current one's, so the counters never go back).
         self.retired_counts = SchedulerCounts()
@@ -142,6 +152,9 @@ class Router:
         self._swap_nursery: trio.Nursery | None = None
         #: Tickets granted after their request had gone (a scheduler bug): to be finished.
         self._orphans: list[Ticket] = []
+        #: The line that showed a model's start running out of memory, by model, until
+        #: its load ends (``_on_output``).
+        self._out_of_memory: dict[str, str] = {}
         #: ``shutdown`` has begun: what is still running is cancelled at its end.
         self.shutting_down = False
 
@@ -187,6 +200,18 @@ class Router:
         """The requests for ``model`` admitted and not released: waiting or in flight (the
         scheduler's one count, ``Scheduler.admitted``)."""
         return self.scheduler.admitted(model)
+
+    def pids(self) -> dict[str, int]:
+        """The PID of each running model's server (what the GPU sampler reads)."""
+        return {
+            model: pid
+            for model, supervisor in self._supervisors.items()
+            if (pid := supervisor.statistics().pid) is not None
+        }
+
+    def _waiting(self, model: str) -> int:
+        """The requests for ``model`` admitted and not yet served."""
+        return self.scheduler.admitted(model) - self._leases.in_flight(model)
 
     def known_models(self) -> list[str]:
         """Every configured model, and a removed one until it is forgotten."""
@@ -358,7 +383,10 @@ class Router:
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""
         if lease.state is RequestState.SERVING:
-            model = lease.ticket.model
+            ticket = lease.ticket
+            model = ticket.model
+            if ticket.needs_slot and ticket.granted_at is not None:
+                self.resources.served(model, trio.current_time() - ticket.granted_at)
             self._leases.release(lease)
             self._tell("done", lease)
             self._decide("a finished request", partial(self.scheduler.on_finish, lease.ticket))
@@ -453,6 +481,7 @@ class Router:
                 self._supervisors[model_id] = supervisor
         self.config = config
         self.names = Names(config)
+        self.resources.configure(config)
         for model_id, model in config.models.items():
             supervisor = self._supervisors[model_id]
             supervisor.update(model, health_check_timeout=config.health_check_timeout)
@@ -463,7 +492,7 @@ class Router:
         for model_id in changes.removed:
             self._supervisors[model_id].retire(REMOVED, restart=False)
             self._forget_if_unneeded(model_id)  # stopped already, nothing in flight
-        swapper = make_swapper(config)
+        swapper = make_swapper(config, self._placement)
         if config.routing.scheduler.use == self.scheduler.name:
             self._decide("reload", partial(self.scheduler.on_reconfigure, config, swapper))
         else:
@@ -615,7 +644,14 @@ class Router:
         scope = trio.CancelScope()
         self._swap_scopes[swap] = scope
         evicting = f", evicting {sorted(swap.evict)}" if swap.evict else ""
-        logger.info("loading model %r%s", swap.target, evicting)
+        need = self.resources.need(swap.target)
+        needs = f" (needs {need.describe()})" if need is not None else ""
+        if swap.retry is not None:
+            logger.warning(
+                "retrying the load of %r%s%s: %s", swap.target, needs, evicting, swap.retry
+            )
+        else:
+            logger.info("loading model %r%s%s", swap.target, needs, evicting)
         self._swap_nursery.start_soon(self._swap, swap, scope, name=f"swap to {swap.target}")
 
     # ---------------------------------------------------------------- private
@@ -634,7 +670,11 @@ class Router:
                 error = None
         except RequestError as exc:
             error = exc
+            oom = self._out_of_memory.get(swap.target)
+            if isinstance(exc, ModelStartFailed) and oom is not None:
+                exc.out_of_memory = oom
         finally:
+            self._out_of_memory.pop(swap.target, None)
             del self._swap_scopes[swap]
             what, waiters = f"the load of {swap.target!r}", list(swap.waiters)
             done = partial(self.scheduler.on_swap_done, swap, error)
@@ -652,10 +692,25 @@ class Router:
         self._emit(ModelSpawned(model))
 
     def _on_output(self, model: str, line: LogLine) -> None:
+        supervisor = self._supervisors.get(model)
+        if (
+            supervisor is not None
+            and supervisor.state is ModelState.STARTING
+            and model not in self._out_of_memory
+            and out_of_memory(line.text)
+        ):
+            self._out_of_memory[model] = line.text
         if ModelOutput in self._observers:
             self._emit(ModelOutput(model, line))
 
     def _on_model_state(self, model: str, state: ModelState) -> None:
+        now = trio.current_time()
+        if state is ModelState.STARTING:
+            self.resources.loading(model, now)
+        elif state is ModelState.READY:
+            self.resources.ready(model, now)
+        elif state is ModelState.STOPPED:
+            self.resources.stopped(model)
         on_model_state = partial(self.scheduler.on_model_state, model, state)
         self._decide(f"model {model!r} {state.value}", on_model_state)
         self._emit(ModelStateChanged(model, state))

@@ -99,6 +99,7 @@ class Ticket:
         effective_priority: what dispatch uses (``fifo`` adds its per-model priority).
         score: under ``serial``, the score at the pick; ``None`` if never picked.
         dispatched_at: when it left the queue (granted, or its load started or joined).
+        granted_at: when it was granted (its serving time is counted from then).
         metadata: what the scheduler wants in the activity log (e.g. ``affinity``).
 
     A ticket is the scheduler's own record: plain data, no Trio object. Everyone else
@@ -114,6 +115,7 @@ class Ticket:
     state: RequestState = RequestState.QUEUED
     score: float | None = None
     dispatched_at: float | None = None
+    granted_at: float | None = None
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
 
     @property
@@ -124,16 +126,20 @@ class Ticket:
 
 @attrs.define(eq=False)
 class Swap:
-    """A load in progress: stop ``evict`` (in parallel), then make ``target`` ready."""
+    """A load in progress: stop ``evict`` (in parallel), then make ``target`` ready.
+    ``retry``: why this is the second try of a load (its first ran out of memory)."""
 
     target: str
     evict: frozenset[str]
     waiters: list[Ticket] = attrs.field(factory=list)
+    retry: str | None = None
 
 
 class Swapper(Protocol):
     """The eviction policy: a pure function of the target, the running set and which
-    running models are busy."""
+    running models are busy. ``persistent``: the models it never evicts."""
+
+    persistent: frozenset[str]
 
     def eviction_for(
         self, target: str, running: Set[str], busy: Set[str] = frozenset()

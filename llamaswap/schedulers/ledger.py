@@ -157,6 +157,7 @@ class Ledger:
 
     def grant(self, ticket: Ticket) -> None:
         self.mark_dispatched(ticket)
+        ticket.granted_at = self.world.now()
         ticket.state = RequestState.SERVING
         self._granting[ticket.model] += 1
         self._outbox.append(Grant(ticket))
@@ -284,8 +285,23 @@ class Ledger:
 
     def finish_swap(self, swap: Swap, error: RequestError | None) -> bool:
         """Forget a finished swap and grant its waiters (or fail them with ``error``);
-        False if it had already been cancelled or abandoned, and nothing was done."""
+        False if it had already been cancelled or abandoned, or is retried, and nothing
+        else was done.
+
+        A first load that ran out of memory (``ModelStartFailed.out_of_memory``) is tried
+        again, once, by a new swap with the same waiters that evicts every other idle
+        model: running, serving nothing, in no other load, not ``persistent``. With none
+        to evict, the retry could only fail the same way: its waiters fail at once.
+        """
         if self.swaps.get(swap.target) is not swap:
+            return False
+        oom = getattr(error, "out_of_memory", None)
+        if oom is not None and swap.retry is None and (evict := self._idle_others(swap.target)):
+            retry = Swap(swap.target, evict, swap.waiters, retry=f"out of memory: {oom}")
+            self.swaps[swap.target] = retry
+            for ticket in retry.waiters:
+                ticket.metadata["retried"] = retry.retry
+            self._outbox.append(StartSwap(retry))
             return False
         del self.swaps[swap.target]
         for ticket in swap.waiters:
@@ -294,6 +310,18 @@ class Ledger:
             else:
                 self.fail(ticket, error)
         return True
+
+    def _idle_others(self, target: str) -> frozenset[str]:
+        """The running models a retry after an out-of-memory failure evicts."""
+        involved = {m for s in self.loads() for m in (s.target, *s.evict)}
+        return frozenset(
+            model
+            for model in self.world.running_models()
+            if model != target
+            and model not in involved
+            and model not in self.swapper.persistent
+            and not self.busy(model)
+        )
 
     def abandon_swap(self, model: str, error: RequestError, reason: str) -> None:
         """Cancel the swap to ``model``, if any, and fail its waiters (unload, shutdown)."""

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llamaswap.config.model import Config, ModelConfig, Routing, SchedulerSection
 from llamaswap.observability import Metrics
 from llamaswap.process import ModelStatistics, ModelSupervisor
+from llamaswap.resources import Resources
 from llamaswap.router import Router
 from llamaswap.router.swappers.group import GroupSwapper
 from llamaswap.schedulers import FifoScheduler, Scheduler, SchedulerCounts
@@ -21,6 +22,7 @@ class Source:
     scheduler: Scheduler
     supervisors: dict[str, ModelSupervisor]
     retired_counts: SchedulerCounts = attrs.field(factory=SchedulerCounts)
+    resources: Resources = attrs.field(factory=lambda: Resources(Config()))
 
     def known_models(self) -> list[str]:
         return list(self.supervisors)

@@ -311,7 +311,7 @@ def test_unknown_key_with_a_close_match_suggests_it_before_the_known_keys() -> N
         "models.m.tll": (
             "unknown key 'tll'; did you mean 'ttl'? this table's keys are 'aliases', "
             "'anthropic', 'checkEndpoint', 'cmd', 'cmdStop', 'concurrencyLimit', "
-            "'description', 'env', 'filters', 'metadata', 'name', 'proxy', "
+            "'description', 'env', 'files', 'filters', 'memory', 'metadata', 'name', 'proxy', "
             "'sendLoadingState', 'slots', 'timeouts', 'ttl', 'unlisted', 'unloadTimeout', "
             "'useModelName'"
         )

@@ -15,7 +15,7 @@ LAYERS: list[set[str]] = [
     {"errors"},
     {"config"},
     {"http"},
-    {"process"},
+    {"process", "resources"},
     {"schedulers"},
     {"router"},
     {"observability", "reloader", "simulate", "migrate"},

@@ -7,8 +7,12 @@ and is exclusive, so with no groups at all exactly one model runs at a time.
 * ``exclusive = true``: loading a member stops the models of every other group...
 * ...except ``persistent`` groups, which no other group can stop.
 
-A pure function of (target, running): no state, no logging. Busy models change nothing:
-the rules leave no choice of what to evict.
+Where the target's memory is known (``resources/fit.py``), the fit rule decides on top:
+the implicit group's rules give way to it (its models run together where they fit), and
+an explicit group's rules apply first, then the fit rule evicts more if the target still
+does not fit. ``persistent`` groups' models are never evicted by either.
+
+A pure function of (target, running, busy, the placement's figures): no state, no logging.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Mapping, Set
 from typing import final
 
 from llamaswap.config.model import GroupConfig
+from llamaswap.resources.fit import Placement, applies, make_room
 
 __all__ = ["DEFAULT_GROUP", "GroupSwapper"]
 
@@ -26,11 +31,17 @@ _IMPLICIT = GroupConfig(members=())
 
 @final
 class GroupSwapper:
-    def __init__(self, groups: Mapping[str, GroupConfig]) -> None:
+    def __init__(
+        self, groups: Mapping[str, GroupConfig], placement: Placement | None = None
+    ) -> None:
         self._groups = dict(groups)
         self._group_of = {
             member: name for name, group in groups.items() for member in group.members
         }
+        self._placement = placement
+        self.persistent = frozenset(
+            member for group in groups.values() if group.persistent for member in group.members
+        )
 
     def group_of(self, model: str) -> str:
         return self._group_of.get(model, DEFAULT_GROUP)
@@ -42,6 +53,15 @@ class GroupSwapper:
         self, target: str, running: Set[str], busy: Set[str] = frozenset()
     ) -> frozenset[str]:
         home = self.group_of(target)
+        placement = self._placement
+        if placement is None or not applies(placement, target):
+            return self._by_rules(target, running, home)
+        # Its memory is known: the implicit group's rules give way to the fit rule.
+        by_rules = frozenset() if home == DEFAULT_GROUP else self._by_rules(target, running, home)
+        room = make_room(placement, target, running - by_rules, busy=busy, spared=self.persistent)
+        return by_rules | (room or frozenset())
+
+    def _by_rules(self, target: str, running: Set[str], home: str) -> frozenset[str]:
         config = self._config(home)
         evict = set()
         for model in running:

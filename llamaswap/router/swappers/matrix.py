@@ -40,6 +40,7 @@ from typing import final
 
 from llamaswap.config.matrix_expr import Combination, expand_sets
 from llamaswap.config.model import MatrixConfig
+from llamaswap.resources.fit import Placement, make_room
 
 __all__ = ["MatrixSwapper"]
 
@@ -49,8 +50,12 @@ _IDEAL = (False, 0)  # evicts nothing busy, costs nothing: no later candidate ca
 
 @final
 class MatrixSwapper:
-    def __init__(self, matrix: MatrixConfig) -> None:
-        """Expand ``matrix``, which validation has checked (its sets expand without error)."""
+    def __init__(self, matrix: MatrixConfig, placement: Placement | None = None) -> None:
+        """Expand ``matrix``, which validation has checked (its sets expand without error).
+        With a ``placement``, the fit rule evicts more where the chosen set's models do not
+        leave the target room (``resources/fit.py``)."""
+        self._placement = placement
+        self.persistent: frozenset[str] = frozenset()  # sets say what fits, nothing more
         self._costs: dict[str, int] = {}
         for var, model in matrix.vars.items():
             cost = matrix.evict_costs.get(var, _DEFAULT_COST)
@@ -77,6 +82,13 @@ class MatrixSwapper:
     def eviction_for(
         self, target: str, running: Set[str], busy: Set[str] = frozenset()
     ) -> frozenset[str]:
+        by_sets = self._by_sets(target, running, busy)
+        if self._placement is None:
+            return by_sets
+        room = make_room(self._placement, target, running - by_sets, busy=busy)
+        return by_sets | (room or frozenset())
+
+    def _by_sets(self, target: str, running: Set[str], busy: Set[str]) -> frozenset[str]:
         others = set(running)
         others.discard(target)
         if not others:
