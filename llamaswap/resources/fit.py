@@ -15,7 +15,7 @@ The rule. For a target whose need is known on devices that all have a budget:
   serving requests, or being loaded: the load would have to wait for it) beats one that
   does, then the lowest cost, then the fewest models, then the names in order;
 * if no set makes it fit, every candidate is evicted and the load is tried anyway (an
-  out-of-memory failure is then retried once, ``Ledger.retry_after_oom``).
+  out-of-memory failure is then retried once, ``Ledger.finish_swap``).
 
 A model's cost is its measured load time weighted by its waiting demand, ``load * (1 +
 waiting requests)``: evicting a model that requests wait for means loading it again soon.
