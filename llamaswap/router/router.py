@@ -82,6 +82,7 @@ from .events import (
 )
 from .lease import Lease, Leases, RequestInfo
 from .names import Names
+from .prefetcher import Prefetcher
 from .reload import ConfigChanges, diff_config
 from .swappers import make_swapper
 
@@ -155,6 +156,8 @@ class Router:
         #: The line that showed a model's start running out of memory, by model, until
         #: its load ends (``_on_output``).
         self._out_of_memory: dict[str, str] = {}
+        #: Reads the weights of the model the queue will load next (``prefetcher.py``).
+        self.prefetcher = Prefetcher(self._next_load, self.definition)
         #: ``shutdown`` has begun: what is still running is cancelled at its end.
         self.shutting_down = False
 
@@ -209,6 +212,14 @@ class Router:
             if (pid := supervisor.statistics().pid) is not None
         }
 
+    def _next_load(self) -> str | None:
+        """The model of the first waiting request, in the scheduler's order, that is
+        stopped (or stopping): the load the queue will ask for next."""
+        for ticket in self.scheduler.queued():
+            if self._supervisors[ticket.model].state in (ModelState.STOPPED, ModelState.STOPPING):
+                return ticket.model
+        return None
+
     def _waiting(self, model: str) -> int:
         """The requests for ``model`` admitted and not yet served."""
         return self.scheduler.admitted(model) - self._leases.in_flight(model)
@@ -236,6 +247,7 @@ class Router:
                 self._supervisor_nursery = nursery
                 for model_id, supervisor in self._supervisors.items():
                     await self._start(model_id, supervisor)
+                nursery.start_soon(self.prefetcher.run, name="prefetcher")
                 # Cleared only once the swaps are over: while they unwind, the scheduler
                 # may still start one (it is cancelled at once, and reports back).
                 try:
@@ -633,6 +645,8 @@ class Router:
                 self._swap_nursery.start_soon(self._recheck, decision.at)
             if DecisionApplied in self._observers:
                 self._emit(DecisionApplied(decision))
+        if decisions:
+            self.prefetcher.poke()
 
     def _tell(self, change: RequestChange, lease: Lease) -> None:
         if RequestChanged in self._observers:
@@ -711,6 +725,7 @@ class Router:
             self.resources.ready(model, now)
         elif state is ModelState.STOPPED:
             self.resources.stopped(model)
+        self.prefetcher.poke()
         on_model_state = partial(self.scheduler.on_model_state, model, state)
         self._decide(f"model {model!r} {state.value}", on_model_state)
         self._emit(ModelStateChanged(model, state))
