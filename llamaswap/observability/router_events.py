@@ -24,6 +24,8 @@ Everything here is derived from the router's one stream of events (``Router.obse
 - ``queue``: per-band depth and oldest wait, the waiting requests in serve order and,
   under ``serial``, their scores; every request event or decision marks it changed, and
   the hub coalesces the changes (at most one per 100 ms).
+- ``load``: a load the scheduler started (``StartSwap``): its model, the models it
+  evicts, and ``retry``, why it is a second try (its first ran out of memory), or null.
 - ``activity``: each finished request's activity record (``ActivityLog.add_listener``).
 
 ``snapshot()`` is the first event a subscriber gets: all of the above as it stands, so
@@ -49,7 +51,7 @@ from llamaswap.router.events import (
     RouterEvent,
 )
 from llamaswap.router.lease import Lease, RequestInfo, ticket_info
-from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, Ticket
+from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, StartSwap, Ticket
 
 from .activity import ActivityLog, ActivityRecord
 from .events import Event, EventHub
@@ -131,6 +133,12 @@ class RouterEvents:
             self._model_soon(decision.ticket.model)  # one more in flight
         elif isinstance(decision, Fail):
             self._hub.publish(_from_ticket(decision.ticket, "failed", str(decision.error)))
+        elif isinstance(decision, StartSwap):
+            swap = decision.swap
+            evict = sorted(swap.evict)
+            self._hub.publish(
+                {"type": "load", "model": swap.target, "evict": evict, "retry": swap.retry}
+            )
 
     def on_activity(self, record: ActivityRecord) -> None:
         if self._hub.active:

@@ -288,6 +288,7 @@ async def test_load_serve_unload_arrive_in_order(
     assert [brief(event) for event in got] == [
         ("snapshot",),
         ("request", 0, "queued"),
+        ("load",),
         ("request", 0, "loading"),
         ("model", "a", "starting", None),
         ("model", "a", "starting", pid),  # its process runs: the PID is known
@@ -297,7 +298,8 @@ async def test_load_serve_unload_arrive_in_order(
         ("model", "a", "stopping", pid),
         ("model", "a", "stopped", None),
     ]
-    serving = got[6]
+    assert got[2] == {"type": "load", "model": "a", "evict": [], "retry": None}
+    serving = got[7]
     assert serving == {
         "type": "request",
         "id": 0,
@@ -324,11 +326,12 @@ async def test_a_failed_load_is_one_failed_event_with_the_reason(
         got = take(feed, skip=("queue", "model"))
     assert [brief(event) for event in got] == [
         ("request", 0, "queued"),
+        ("load",),
         ("request", 0, "loading"),
         ("request", 0, "failed"),
     ]
-    assert "exited with status 3" in got[2]["error"]
-    assert got[2]["waited_ms"] == 0.0
+    assert "exited with status 3" in got[3]["error"]
+    assert got[3]["waited_ms"] == 0.0
 
 
 async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
@@ -344,6 +347,7 @@ async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
         got = transitions(take(feed, skip=("queue",)))
     assert [brief(event) for event in got] == [
         ("request", 0, "queued"),
+        ("load",),
         ("request", 0, "loading"),
         ("model", "a", "starting", None),
         ("model", "a", "starting", spawner.last.pid),
