@@ -6,6 +6,10 @@ The config's own policy, and with ``compare=True`` the policies people weigh it 
   first come first served;
 * **strict priority**: ``serial`` with no aging, no affinity and no ``minResidency``;
 * **fifo**: llama-swap's scheduler.
+
+Each may run under one or more memory budgets (``Budget``, ``--memory gpu0=24GiB``) that
+set the devices' ``memory`` for the run, so that the same config and workload compare
+across GPUs (``memory.py``).
 """
 
 from __future__ import annotations
@@ -18,28 +22,34 @@ import attrs
 from llamaswap.config import Config
 from llamaswap.config.model import SerialSettings, toml_key
 
+from .memory import Budget, MemoryFigures, budget_problem, parse_budget, unfit
 from .report import PLOT_FORMATS, Figures, figures, plot, plot_problem, table
 from .run import Outcome, Run, simulate
 from .workload import Job, Workload, jobs, load_workload, loads_workload
 
 __all__ = [
     "PLOT_FORMATS",
+    "Budget",
     "Figures",
     "Job",
+    "MemoryFigures",
     "Outcome",
     "Policy",
     "Run",
     "Workload",
+    "budget_problem",
     "figures",
     "jobs",
     "load_workload",
     "loads_workload",
+    "parse_budget",
     "plot",
     "plot_problem",
     "policies",
     "run_policy",
     "simulate",
     "table",
+    "unfit",
 ]
 
 
@@ -98,9 +108,11 @@ def policies(config: Config, *, compare: bool = False) -> list[Policy]:
     return found
 
 
-def run_policy(policy: Policy, config: Config, workload: Workload) -> Run:
-    """``workload`` served under ``policy`` applied to ``config``, in simulated time."""
+def run_policy(
+    policy: Policy, config: Config, workload: Workload, budget: Budget | None = None
+) -> Run:
+    """``workload`` served under ``policy`` applied to ``config`` (with ``budget``'s
+    devices' memory, if given), in simulated time."""
     servers = {model: workload.server(model) for model in config.models}
-    return simulate(
-        policy.applied(config), jobs(workload), servers, ignore_priority=policy.ignore_priority
-    )
+    applied = policy.applied(config if budget is None else budget.applied(config))
+    return simulate(applied, jobs(workload), servers, ignore_priority=policy.ignore_priority)

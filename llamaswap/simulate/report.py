@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
 from llamaswap.schedulers import band_of
 
+from .memory import size_text
 from .run import Run
 
 __all__ = ["PLOT_FORMATS", "Figures", "figures", "plot", "plot_problem", "table"]
@@ -29,7 +30,13 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
 
 @attrs.frozen
 class Figures:
-    """What ``simulate`` prints for one policy. Waits are in seconds, from arrival to grant."""
+    """What ``simulate`` prints for one policy. Waits are in seconds, from arrival to grant.
+
+    The memory figures are None (and their columns absent) when no model declares
+    ``memory``: ``memory`` the devices' declared budgets, ``evictions`` the models stopped
+    to make room, ``out_of_memory`` the loads that failed for memory, ``peaks`` the most
+    the simulated servers held at once, by device.
+    """
 
     policy: str
     interactive_p50: float | None
@@ -41,6 +48,10 @@ class Figures:
     not_served: int
     aging_changed_picks: int | None
     affinity_changed_picks: int | None
+    memory: str | None = None
+    evictions: int | None = None
+    out_of_memory: int | None = None
+    peaks: Mapping[str, int] | None = None
 
 
 def waits(run: Run, band: str) -> list[float]:
@@ -52,6 +63,7 @@ def figures(policy: str, run: Run) -> Figures:
     interactive, batch = waits(run, "interactive"), waits(run, "batch")
     finished = [o.finished for o in run.outcomes if o.finished is not None]
     first = min((o.job.at for o in run.outcomes), default=0.0)
+    memory = run.memory
     return Figures(
         policy=policy,
         interactive_p50=percentile(interactive, 0.5),
@@ -63,6 +75,10 @@ def figures(policy: str, run: Run) -> Figures:
         not_served=sum(o.error is not None for o in run.outcomes),
         aging_changed_picks=run.aging_changed_picks,
         affinity_changed_picks=run.affinity_changed_picks,
+        memory=None if memory is None else memory.budgets,
+        evictions=None if memory is None else memory.evictions,
+        out_of_memory=None if memory is None else len(memory.out_of_memory),
+        peaks=None if memory is None else memory.peaks,
     )
 
 
@@ -78,6 +94,12 @@ _COLUMNS = (
     ("aging changed pick", "aging_changed_picks"),
     ("affinity changed pick", "affinity_changed_picks"),
 )
+#: The memory columns (title, field) and the column each goes after.
+_MEMORY_COLUMNS = (
+    ("memory", "memory", "policy"),
+    ("evictions", "evictions", "loads"),
+    ("out of memory", "out_of_memory", "not served"),
+)
 
 
 def _cell(value: object) -> str:
@@ -88,10 +110,36 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+Column = tuple[str, Callable[[Figures], str]]
+
+
+def _columns(rows: Sequence[Figures]) -> list[Column]:
+    """The table's columns: the memory ones only where a row has memory figures, and a
+    ``peak DEVICE`` for each device a row has a peak on, after ``out of memory``."""
+
+    def plain(name: str) -> Callable[[Figures], str]:
+        return lambda row: _cell(getattr(row, name))
+
+    def peak(device: str) -> Callable[[Figures], str]:
+        return lambda row: "-" if not row.peaks else size_text(row.peaks.get(device, 0))
+
+    columns: list[Column] = [(title, plain(name)) for title, name in _COLUMNS]
+    if all(row.memory is None for row in rows):
+        return columns
+    devices = sorted({device for row in rows for device in row.peaks or {}})
+    for title, name, after in _MEMORY_COLUMNS:
+        at = 1 + [t for t, _ in columns].index(after)
+        columns.insert(at, (title, plain(name)))
+        if name == "out_of_memory":
+            columns[at + 1 : at + 1] = [(f"peak {d}", peak(d)) for d in devices]
+    return columns
+
+
 def table(rows: Sequence[Figures]) -> str:
     """A Markdown table, one row per policy (it reads as plain text too)."""
-    header = [title for title, _ in _COLUMNS]
-    cells = [[_cell(getattr(row, name)) for _, name in _COLUMNS] for row in rows]
+    columns = _columns(rows)
+    header = [title for title, _ in columns]
+    cells = [[cell(row) for _, cell in columns] for row in rows]
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
 
     def line(values: Sequence[str]) -> str:

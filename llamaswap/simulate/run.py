@@ -4,9 +4,11 @@ Nothing here models the scheduler: the :class:`~llamaswap.router.Router` of the 
 with its supervisors and the configured scheduler, serves the workload's requests. Only
 the model servers are simulated (a process that is ready ``load`` seconds after it starts,
 works on ``parallel`` requests at once and queues the rest, as llama-server does, and
-stops when told), and time is Trio's ``MockClock`` with ``autojump_threshold=0``: when
-every task waits, the clock jumps to the next deadline. An hour of traffic takes seconds,
-and the same workload gives the same figures every time.
+stops when told; where the config declares a model's ``memory``, it holds that much while
+it runs, and fails to start where it does not fit: ``memory.py``), and time is Trio's
+``MockClock`` with ``autojump_threshold=0``: when every task waits, the clock jumps to the
+next deadline. An hour of traffic takes seconds, and the same workload gives the same
+figures every time.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import trio.testing
 
 from llamaswap.config import Config
 from llamaswap.errors import RequestError
+from llamaswap.resources import Resources
 from llamaswap.router import Router, RouterEvent
 from llamaswap.router.events import DecisionApplied
-from llamaswap.schedulers import Grant, Ticket
+from llamaswap.schedulers import Grant, StartSwap, Ticket
 
+from .memory import DeviceMemory, MemoryFigures, budgets_label, needs
 from .workload import Job, ModelTimes
 
 __all__ = ["Outcome", "Run", "simulate"]
@@ -60,18 +64,37 @@ class Run:
     #: The serial scheduler's counts (None under fifo).
     aging_changed_picks: int | None
     affinity_changed_picks: int | None
+    #: What the simulated devices saw; None when no model declares ``memory``.
+    memory: MemoryFigures | None = None
 
 
 @final
 class _Process:
-    """A simulated model server: ready ``load`` seconds after it starts."""
+    """A simulated model server: ready ``load`` seconds after it starts; or, given the
+    line an ``out_of_memory`` start prints, one that prints it and exits with status 1."""
 
-    def __init__(self, pid: int, model: str, ready_at: float) -> None:
+    def __init__(
+        self,
+        pid: int,
+        model: str,
+        ready_at: float,
+        *,
+        exited: Callable[[], None] = lambda: None,
+        out_of_memory: str | None = None,
+    ) -> None:
         self.pid = pid
         self.model = model
-        self.ready_at = ready_at
+        self.ready_at = ready_at if out_of_memory is None else float("inf")
         self.returncode: int | None = None
         self._exited = trio.Event()
+        self._on_exit = exited
+        self._out_of_memory = out_of_memory
+
+    def _exit(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set()
+            self._on_exit()
 
     async def wait(self) -> int:
         await self._exited.wait()
@@ -79,11 +102,14 @@ class _Process:
         return self.returncode
 
     def signal_group(self, sig: int) -> None:
-        if self.returncode is None:
-            self.returncode = 0 if sig == signal.SIGTERM else -sig
-            self._exited.set()
+        self._exit(0 if sig == signal.SIGTERM else -sig)
 
     async def pump_output(self, sink: Callable[[str], None]) -> None:
+        if self._out_of_memory is not None:
+            # The line before the exit, as a real server's reaches its log before the
+            # supervisor sees it gone: the router reads the failure as out of memory.
+            sink(self._out_of_memory)
+            self._exit(1)
         await self._exited.wait()
 
 
@@ -129,18 +155,34 @@ class _ServerQueue:
 class _Servers:
     """Spawner and probe of the simulated servers (``cmd`` names the model)."""
 
-    def __init__(self, servers: Mapping[str, ModelTimes]) -> None:
+    def __init__(
+        self, servers: Mapping[str, ModelTimes], memory: DeviceMemory | None = None
+    ) -> None:
         self._servers = servers
         self._latest: dict[str, _Process] = {}
         self.queues = {model: _ServerQueue(s.parallel) for model, s in servers.items()}
+        self.memory = memory
         self.spawned = 0
+        self.evictions = 0
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> _Process:
         await trio.lowlevel.checkpoint()
         model = argv[-1]
         self.spawned += 1
         ready_at = trio.current_time() + self._servers[model].load
-        process = self._latest[model] = _Process(self.spawned, model, ready_at)
+        memory = self.memory
+        if memory is None:
+            process = _Process(self.spawned, model, ready_at)
+        else:
+            line = memory.take(model)
+            process = _Process(
+                self.spawned,
+                model,
+                ready_at,
+                exited=(lambda: memory.release(model)) if line is None else (lambda: None),
+                out_of_memory=line,
+            )
+        self._latest[model] = process
         return process
 
     async def run(
@@ -150,9 +192,12 @@ class _Servers:
         return 0
 
     def on_event(self, event: RouterEvent) -> None:
-        """A grant starts its request's turn at its server (a ``Router.observe`` observer)."""
+        """A grant starts its request's turn at its server; a load's evictions are counted
+        (a ``Router.observe`` observer)."""
         if isinstance(event, DecisionApplied) and isinstance(event.decision, Grant):
             self.queues[event.decision.ticket.model].granted(event.decision.ticket)
+        elif isinstance(event, DecisionApplied) and isinstance(event.decision, StartSwap):
+            self.evictions += len(event.decision.swap.evict)
 
     async def probe(self, url: str) -> bool:
         await trio.lowlevel.checkpoint()
@@ -205,8 +250,13 @@ def simulate(
 async def _simulate(
     config: Config, jobs: Sequence[Job], times: Mapping[str, ModelTimes], ignore_priority: bool
 ) -> Run:
-    servers = _Servers(times)
-    router = Router(simulated(config), spawner=servers, probe=servers.probe)
+    config = simulated(config)
+    # The router's own Resources (the one it would build): its budgets are the devices'.
+    resources = Resources(config)
+    declared = needs(config)
+    memory = DeviceMemory(declared, resources.budget) if declared else None
+    servers = _Servers(times, memory)
+    router = Router(config, spawner=servers, probe=servers.probe, resources=resources)
     router.observe(servers.on_event, DecisionApplied)
     outcomes: list[Outcome] = [Outcome(job) for job in jobs]
     start = trio.current_time()
@@ -236,4 +286,12 @@ async def _simulate(
         loads=servers.spawned,
         aging_changed_picks=statistics.aging_changed_picks if serial else None,
         affinity_changed_picks=statistics.affinity_changed_picks if serial else None,
+        memory=None
+        if memory is None
+        else MemoryFigures(
+            budgets_label(config),
+            dict(memory.peaks),
+            servers.evictions,
+            tuple(memory.out_of_memory),
+        ),
     )

@@ -11,11 +11,12 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 
 
-def simulate_command(*args: str) -> subprocess.CompletedProcess[str]:
-    """``llamaswap simulate`` on the bundled example config, as a user runs it."""
-    config = str(EXAMPLES / "config.toml")
+def simulate_command(
+    *args: str, config: Path = EXAMPLES / "config.toml"
+) -> subprocess.CompletedProcess[str]:
+    """``llamaswap simulate`` on ``config`` (the bundled example's), as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "llamaswap", "simulate", "--config", config, *args],
+        [sys.executable, "-m", "llamaswap", "simulate", "--config", str(config), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -112,3 +113,94 @@ def test_the_plot_may_be_an_svg_and_its_printed_path_is_the_file_written(tmp_pat
     assert done.stdout.splitlines()[-1] == f"plot: {svg}"
     assert b"<svg" in svg.read_bytes()[:1000]
     assert [p.name for p in tmp_path.iterdir()] == ["waits.svg"]
+
+
+MEMORY_CONFIG = """
+[models.a]
+cmd = "server ${PORT}"
+memory = "10GiB"
+[models.b]
+cmd = "server ${PORT}"
+memory = "10GiB"
+[models.c]
+cmd = "server ${PORT}"
+memory = "10GiB"
+[models.big]
+cmd = "server ${PORT}"
+memory = "30GiB"
+[routing.scheduler]
+use = "serial"
+"""
+# a, b beside it, c (which needs room under 24 GiB), a again; then big.
+MEMORY_TRACE = "".join(
+    f'[[requests]]\nat = "{at}s"\nmodel = "{model}"\njob = "1s"\n'
+    for at, model in ((0, "a"), (2, "b"), (4, "c"), (6, "a"), (8, "big"))
+)
+
+
+def memory_files(tmp_path: Path) -> tuple[Path, Path]:
+    config, workload = tmp_path / "config.toml", tmp_path / "w.toml"
+    config.write_text(MEMORY_CONFIG)
+    workload.write_text(MEMORY_TRACE)
+    return config, workload
+
+
+def test_memory_budgets_run_side_by_side(tmp_path: Path) -> None:
+    config, workload = memory_files(tmp_path)
+    done = simulate_command(
+        "--workload",
+        str(workload),
+        "--memory",
+        "gpu0=24GiB",
+        "--memory",
+        "48GiB",
+        config=config,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # the failed load is in the table, not logged
+    lines = done.stdout.splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [
+        dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        for line in lines[2:4]
+    ]
+    wanted = ("policy", "memory", "loads", "evictions", "not served", "out of memory", "peak gpu0")
+    assert [tuple(row[key] for key in wanted) for row in rows] == [
+        ("serial (this config)", "gpu0=24 GiB", "5", "4", "1", "1", "20 GiB"),
+        ("serial (this config)", "gpu0=48 GiB", "4", "2", "0", "0", "40 GiB"),
+    ]
+    assert lines[4:] == [
+        "note (gpu0=24 GiB): model 'big' needs 30 GiB on gpu0, more than the 23.5 GiB of "
+        "its budget even alone: its loads fail out of memory"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("memory", "message"),
+    [
+        (
+            "gpu0=lots",
+            "llamaswap simulate: error: argument --memory: gpu0: expected a number of bytes "
+            "or a size like \"22GiB\", got 'lots'",
+        ),
+        (
+            "gpu1=8GiB",
+            "--memory gpu1=8 GiB: no model's memory is on gpu1; the models' devices: gpu0",
+        ),
+    ],
+)
+def test_a_budget_that_cannot_be_read_or_used_is_refused_before_the_runs(
+    tmp_path: Path, memory: str, message: str
+) -> None:
+    config, workload = memory_files(tmp_path)
+    done = simulate_command("--workload", str(workload), "--memory", memory, config=config)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == message
+    assert done.stdout == ""
+
+
+def test_a_budget_for_a_config_without_memory_is_refused() -> None:
+    workload = str(EXAMPLES / "mixed.workload.toml")
+    done = simulate_command("--workload", workload, "--memory", "gpu0=24GiB")
+    assert done.returncode == 2
+    assert "no model in the config declares memory" in done.stderr

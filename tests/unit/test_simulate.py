@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -11,14 +12,19 @@ from llamaswap.config import Config, loads_config
 from llamaswap.errors import ConfigError
 from llamaswap.process.supervisor import HEALTH_POLL_INTERVAL
 from llamaswap.simulate import (
+    Budget,
+    MemoryFigures,
     Run,
+    budget_problem,
     figures,
     jobs,
     load_workload,
     loads_workload,
+    parse_budget,
     policies,
     run_policy,
     table,
+    unfit,
 )
 from tests.unit.ports import every_port_free
 
@@ -321,3 +327,166 @@ def test_the_table_has_a_row_per_policy_and_a_dash_where_a_figure_does_not_apply
     assert lines[-1].rstrip(" |").endswith("-")  # fifo has no affinity counts
     assert rows[0].interactive_p50 == rows[0].interactive_p95  # one interactive request
     assert rows[0].batch_p50 == rows[0].batch_max  # one batch request
+
+
+# ----------------------------------------------------------------------------- memory
+
+GiB = 2**30
+
+MEMORY_CONFIG = """
+[models.a]
+cmd = "server ${PORT}"
+memory = "10GiB"
+[models.b]
+cmd = "server ${PORT}"
+memory = "10GiB"
+[models.c]
+cmd = "server ${PORT}"
+memory = "10GiB"
+[models.big]
+cmd = "server ${PORT}"
+memory = "30GiB"
+[routing.scheduler]
+use = "serial"
+"""
+
+# One request at a time, each model idle when the next arrives: a, then b beside it, then
+# c (which needs room), then a again.
+MEMORY_TRACE = "".join(
+    f'[models.{model}]\nload = "0.5s"\n' for model in ("a", "b", "c", "big")
+) + "".join(
+    f'[[requests]]\nat = "{at}s"\nmodel = "{model}"\njob = "1s"\n'
+    for at, model in ((0, "a"), (2, "b"), (4, "c"), (6, "a"))
+)
+
+
+def memory_run(budget: str, trace: str = MEMORY_TRACE) -> Run:
+    cfg = config(MEMORY_CONFIG)
+    [own] = policies(cfg)
+    return run_policy(own, cfg, loads_workload(trace, cfg), parse_budget(budget))
+
+
+def test_with_24_gib_two_10_gib_models_run_together_and_a_third_evicts_one() -> None:
+    run = memory_run("gpu0=24GiB")  # a budget of 23.5 GiB: 24 GiB less the 512 MiB headroom
+    assert run.memory == MemoryFigures(
+        budgets="gpu0=24 GiB", peaks={"gpu0": 20 * GiB}, evictions=2, out_of_memory=()
+    )
+    # a, b (beside a), c (evicting a: the tie goes to the first name), a (evicting b).
+    assert run.loads == 4
+    # Each request waits for its model's load (0.5 s, to the supervisor's poll), a again too.
+    for outcome in run.outcomes:
+        assert outcome.wait == pytest.approx(0.5, abs=HEALTH_POLL_INTERVAL)
+
+
+def test_with_48_gib_nothing_is_evicted_and_there_are_fewer_loads() -> None:
+    run = memory_run("gpu0=48GiB")
+    assert run.memory == MemoryFigures(
+        budgets="gpu0=48 GiB", peaks={"gpu0": 30 * GiB}, evictions=0, out_of_memory=()
+    )
+    assert run.loads == 3
+    assert run.outcomes[3].wait == 0.0  # a was still loaded: served at once
+    assert [o.error for o in run.outcomes] == [None] * 4
+
+
+def test_without_a_budget_the_groups_rules_decide_and_the_peak_is_still_counted() -> None:
+    cfg = config(MEMORY_CONFIG)
+    [own] = policies(cfg)
+    run = run_policy(own, cfg, loads_workload(MEMORY_TRACE, cfg))
+    # No budget on gpu0 (no GPU is read in a simulation): one model at a time, as ever.
+    assert run.memory == MemoryFigures(
+        budgets="-", peaks={"gpu0": 10 * GiB}, evictions=3, out_of_memory=()
+    )
+    assert run.loads == 4
+
+
+def test_a_model_that_does_not_fit_even_alone_fails_its_load_as_out_of_memory() -> None:
+    trace = MEMORY_TRACE + '[[requests]]\nat = "8s"\nmodel = "big"\njob = "1s"\n'
+    run = memory_run("gpu0=24GiB", trace)
+    assert run.memory is not None
+    # The fit rule evicts everything and loads anyway; the simulated server runs out of
+    # memory at once, and with nothing idle left to evict the router does not retry.
+    assert run.memory.out_of_memory == ("big",)
+    assert run.memory.evictions == 2 + 2
+    assert [o.error for o in run.outcomes] == [None, None, None, None, "ModelStartFailed"]
+    row = figures("serial", run)
+    assert (row.not_served, row.out_of_memory, row.evictions) == (1, 1, 4)
+    assert unfit(parse_budget("gpu0=24GiB").applied(config(MEMORY_CONFIG))) == [
+        "model 'big' needs 30 GiB on gpu0, more than the 23.5 GiB of its budget even alone: "
+        "its loads fail out of memory"
+    ]
+    served = memory_run("gpu0=48GiB", trace)
+    assert served.memory is not None
+    assert served.memory.out_of_memory == ()
+    assert served.outcomes[4].error is None
+    assert served.memory.peaks == {"gpu0": 40 * GiB}  # big, and one of a, b and c beside it
+
+
+def test_the_table_shows_the_memory_columns_only_where_memory_is_declared() -> None:
+    rows = [figures("serial", memory_run(b)) for b in ("gpu0=24GiB", "gpu0=48GiB")]
+    lines = table(rows).splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == [
+        "policy",
+        "memory",
+        "interactive p50",
+        "interactive p95",
+        "batch p50",
+        "batch max",
+        "loads",
+        "evictions",
+        "makespan",
+        "not served",
+        "out of memory",
+        "peak gpu0",
+        "aging changed pick",
+        "affinity changed pick",
+    ]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert [(c[1], c[6], c[7], c[10], c[11]) for c in cells] == [
+        ("gpu0=24 GiB", "4", "2", "0", "20 GiB"),
+        ("gpu0=48 GiB", "3", "0", "0", "30 GiB"),
+    ]
+    cfg = config()
+    [own] = policies(cfg)
+    plain = table([figures(own.name, run_policy(own, cfg, loads_workload(TRACE, cfg)))])
+    assert "memory" not in plain
+    assert "peak" not in plain
+
+
+def test_a_budget_reads_device_sizes_and_a_bare_size_is_on_gpu0() -> None:
+    assert parse_budget("gpu0=24GiB, gpu1 = 8GiB").memory == {"gpu0": 24 * GiB, "gpu1": 8 * GiB}
+    assert parse_budget("24GiB") == Budget({"gpu0": 24 * GiB})
+    assert parse_budget("gpu1=1.5GiB,gpu0=24GiB").label == "gpu0=24 GiB, gpu1=1.5 GiB"
+    for bad, message in (
+        ("gpu0", "gpu0: expected a number of bytes or a size like \"22GiB\", got 'gpu0'"),
+        ("gpu0=", "expected DEVICE=SIZE such as gpu0=24GiB, got 'gpu0='"),
+        ("24GiB,gpu1=8GiB", "expected DEVICE=SIZE such as gpu0=24GiB, got '24GiB'"),
+        ("gpu0=1GiB,gpu0=2GiB", "gpu0 is given twice in 'gpu0=1GiB,gpu0=2GiB'"),
+        ("gpu0=lots", "gpu0: expected a number of bytes or a size like \"22GiB\", got 'lots'"),
+    ):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            parse_budget(bad)
+
+
+def test_a_budget_keeps_the_configs_headroom() -> None:
+    text = MEMORY_CONFIG + '[devices.gpu0]\nmemory = "16GiB"\nheadroom = "4GiB"\n'
+    cfg = config(text)
+    [own] = policies(cfg)
+    # 24 GiB less 4 GiB: exactly two 10 GiB models.
+    run = run_policy(own, cfg, loads_workload(MEMORY_TRACE, cfg), parse_budget("gpu0=24GiB"))
+    assert run.memory is not None
+    assert (run.memory.peaks, run.memory.evictions) == ({"gpu0": 20 * GiB}, 2)
+    declared = run_policy(own, cfg, loads_workload(MEMORY_TRACE, cfg))  # 12 GiB: one
+    assert declared.memory is not None
+    assert (declared.memory.budgets, declared.memory.peaks) == ("gpu0=16 GiB", {"gpu0": 10 * GiB})
+
+
+def test_a_budget_that_could_change_nothing_is_a_problem() -> None:
+    assert budget_problem(parse_budget("gpu0=24GiB"), config(MEMORY_CONFIG)) is None
+    assert budget_problem(parse_budget("gpu1=24GiB"), config(MEMORY_CONFIG)) == (
+        "--memory gpu1=24 GiB: no model's memory is on gpu1; the models' devices: gpu0"
+    )
+    assert budget_problem(parse_budget("24GiB"), config()) == (
+        "--memory gpu0=24 GiB: no model in the config declares memory, so no budget changes "
+        'what it does; give the models memory = "22GiB" (models.NAME.memory)'
+    )
