@@ -18,7 +18,10 @@ exceptions are the places where the two formats differ, each handled by name:
   an array, unless it holds a macro: then the loader splits it after expanding it;
 * top-level ``groups`` and ``matrix`` (llama-swap's older spelling) move under
   ``[routing.router]`` when ``routing.router`` sets nothing, and matrix sets that name
-  models directly get a var each; a matrix the router does not use is left out;
+  models directly get a var each; a matrix the router does not use is left out. Above
+  the matrix, or the groups when the router uses them, a comment of llamaswap's own
+  (``_memory_advice``) says that each model's ``memory`` lets the fit rule work out what
+  they say by hand (docs/resources.md);
 * values llamaswap bounds or spells more strictly are written as llama-swap runs them
   (``healthCheckTimeout`` below 15 s becomes 15, a TTL over 30 days 0, ``logLevel`` in
   lower case, ``checkEndpoint`` with its leading ``/``), and ``preload`` names of no model
@@ -39,6 +42,7 @@ import decimal
 import functools
 import math
 import re
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
@@ -86,6 +90,8 @@ _WINDOWS_PROGRAM = re.compile(r"\s*(\S*\.exe|taskkill)(\s|$)", re.IGNORECASE)
 _LATER_DOCUMENTS = "(the documents after the first)"
 #: ``${name}`` (a macro, or an environment variable as ``env.NAME``).
 _MACRO = re.compile(r"\$\{([^}]*)\}")
+#: Where the groups and the matrix are, in the translated tree.
+_ROUTER_SETTINGS: Path = ("routing", "router", "settings")
 
 #: Why a llama-swap key has no place in llamaswap (keys not listed: "no such key").
 _REASONS = {
@@ -501,7 +507,9 @@ class _Translator:
         # header of its first sub-table.
         header = not entry.entries or any(isinstance(inner, _Value) for inner in entry.entries)
         sub = tomlkit.table(is_super_table=not header)
-        above = [*above, *self._leading(entry.path)]
+        advice, leading = self._advice(entry.path), self._leading(entry.path)
+        # llamaswap's own comment is a paragraph of its own between the user's.
+        above = _paragraphs(above, advice, leading) if advice else [*above, *leading]
         trailing = self._trailing(entry.path)
         if trailing and header:
             sub.comment(trailing)
@@ -526,6 +534,18 @@ class _Translator:
         if commented:
             sub.trivia.indent = ""  # tomlkit's blank line above the header: now above them
         return commented
+
+    def _advice(self, path: Path) -> list[str]:
+        """llamaswap's own comment above the table at ``path``: ``_memory_advice`` above the
+        matrix, or above the groups when the router uses them (under ``use = "matrix"``
+        they do nothing)."""
+        if path == (*_ROUTER_SETTINGS, "matrix"):
+            return _memory_advice("matrix")
+        router = self.source(_ROUTER_SETTINGS[:-1])
+        use = router.get("use") if isinstance(router, Mapping) else None
+        if path == (*_ROUTER_SETTINGS, "groups") and use != "matrix":
+            return _memory_advice("groups")
+        return []
 
     @staticmethod
     def _comment(table: Container | Table, lines: Iterable[str]) -> None:
@@ -676,6 +696,48 @@ class _Kind:
     cls: type | None
     each: bool = False
     scalar: _Scalar = "free"
+
+
+def _paragraphs(*blocks: Iterable[str]) -> list[str]:
+    """Comment blocks one after another, a blank line between two that are not empty."""
+    lines: list[str] = []
+    for block in blocks:
+        block = list(block)
+        if lines and block:
+            lines.append("")
+        lines.extend(block)
+    return lines
+
+
+#: What the fit rule changes for each router's table (``_memory_advice``).
+_ADVICE = {
+    "groups": (
+        "groups",
+        "models in no group run side by side wherever they fit. A group's own rules still "
+        "apply first, so keep only the groups you want for another reason (a persistent "
+        "one, say).",
+    ),
+    "matrix": (
+        "matrix sets",
+        "the sets still choose first, so once every model has its memory the matrix can "
+        'go, and use = "matrix" with it.',
+    ),
+}
+
+
+def _memory_advice(router: Literal["groups", "matrix"]) -> list[str]:
+    """The comment written above the groups, or the matrix, that the router uses: llama-swap
+    has no figures, so its users say by hand what fits; llamaswap's fit rule can work it out
+    from each model's ``memory`` (docs/resources.md)."""
+    what, then = _ADVICE[router]
+    text = (
+        f"llamaswap: these {what} say by hand which models may run together. Give each "
+        'model its memory (memory = "8GiB", or a table by device) and each GPU its budget '
+        '([devices.gpu0] memory = "24GiB", unless a GPU probe reads it), and the fit rule '
+        f"works out what fits, so that a load stops only what it must: {then} "
+        "See docs/resources.md."
+    )
+    return [f"# {line}" for line in textwrap.wrap(text, width=86)]
 
 
 @functools.cache

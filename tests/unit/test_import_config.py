@@ -8,9 +8,11 @@ from pathlib import Path
 import attrs
 import pytest
 import tomli
+from ruamel.yaml import YAML
 
 from llamaswap.cli import check_config, main
 from llamaswap.config import Config, loads_config
+from llamaswap.config.model import GroupConfig
 from llamaswap.errors import ConfigError
 from llamaswap.migrate.translate import ImportResult, Remark, YamlError, import_yaml
 from tests.unit.ports import every_port_free
@@ -701,3 +703,110 @@ def test_empty_legacy_groups_beside_routing_router_are_no_conflict() -> None:
     )
     assert config.routing.router.settings.groups["g"].members == ("a",)
     assert remarks(result) == []
+
+
+GROUPS_AND_MATRIX = """
+models:
+  a: {cmd: "a --port ${PORT}"}
+  b: {cmd: "b --port ${PORT}"}
+  c: {cmd: "c --port ${PORT}"}
+  e: {cmd: "e --port ${PORT}"}
+groups:
+  pair: {members: [a, b], swap: false, exclusive: true}
+  solo: {members: [c]}
+  # always loaded
+  keep: {members: [e], swap: false, exclusive: false, persistent: true}
+matrix:
+  vars: {x: a, y: b, z: c, w: e}
+  evict_costs: {z: 5}
+  sets:
+    small: "(x | y) & w"
+    big: "z"
+"""
+
+
+def under_routing(yaml: str) -> str:
+    """``yaml`` with its top-level groups and matrix moved under ``routing.router``."""
+    at = yaml.index("groups:")
+    settings = textwrap.indent(yaml[at:], "      ")
+    return f"{yaml[:at]}routing:\n  router:\n    use: matrix\n    settings:\n{settings}"
+
+
+@pytest.mark.parametrize("yaml", [GROUPS_AND_MATRIX, under_routing(GROUPS_AND_MATRIX)])
+def test_groups_and_the_matrix_carry_over_unchanged(yaml: str) -> None:
+    source = YAML(typ="safe").load(GROUPS_AND_MATRIX)
+    result, config = translate(yaml)
+    written = tomli.loads(result.toml)["routing"]["router"]
+    assert written == {
+        "use": "matrix",
+        "settings": {"groups": source["groups"], "matrix": source["matrix"]},
+    }
+    assert remarks(result) == []
+    settings = config.routing.router.settings
+    assert settings.groups == {
+        "pair": GroupConfig(("a", "b"), swap=False, exclusive=True),
+        "solo": GroupConfig(("c",)),
+        "keep": GroupConfig(("e",), swap=False, exclusive=False, persistent=True),
+    }
+    assert settings.matrix is not None
+    assert (settings.matrix.vars, settings.matrix.evict_costs, settings.matrix.sets) == (
+        {"x": "a", "y": "b", "z": "c", "w": "e"},
+        {"z": 5},
+        {"small": "(x | y) & w", "big": "z"},
+    )
+
+
+def advice_above(toml: str, header: str) -> list[str]:
+    """The comment lines of llamaswap's own directly above the ``header`` line, or above
+    the user's comments there (the paragraph that starts with ``# llamaswap:``)."""
+    lines = toml.splitlines()
+    end = lines.index(header)
+    start = max(i for i, line in enumerate(lines[:end]) if line.startswith("# llamaswap:"))
+    paragraph = lines[start:end]
+    return paragraph[: paragraph.index("")] if "" in paragraph else paragraph
+
+
+def test_a_comment_above_the_matrix_says_that_memory_would_replace_it() -> None:
+    result, _ = translate(GROUPS_AND_MATRIX)
+    assert result.toml.count("# llamaswap:") == 1  # the groups do nothing under a matrix
+    advice = " ".join(
+        line.removeprefix("# ")
+        for line in advice_above(result.toml, "[routing.router.settings.matrix.vars]")
+    )
+    assert advice.startswith("llamaswap: these matrix sets say by hand which models")
+    for words in (
+        'memory = "8GiB"',
+        '[devices.gpu0] memory = "24GiB"',
+        "the fit rule",
+        'the matrix can go, and use = "matrix" with it',
+        "See docs/resources.md.",
+    ):
+        assert words in advice
+
+
+def test_a_comment_above_the_groups_says_that_memory_would_replace_them() -> None:
+    yaml = GROUPS_AND_MATRIX[: GROUPS_AND_MATRIX.index("matrix:")]
+    yaml = yaml.replace("groups:", "# which models run together\ngroups:")
+    result, _ = translate(yaml)
+    toml = result.toml
+    assert toml.count("# llamaswap:") == 1
+    advice = advice_above(toml, "[routing.router.settings.groups.pair]")
+    assert all(line.startswith("# ") and len(line) <= 88 for line in advice)
+    text = " ".join(line.removeprefix("# ") for line in advice)
+    assert text.startswith("llamaswap: these groups say by hand which models")
+    assert "models in no group run side by side wherever they fit" in text
+    assert text.endswith("See docs/resources.md.")
+    # The user's comments stay, as a paragraph of their own below it.
+    assert f"{advice[-1]}\n\n# which models run together\n[routing.router" in toml
+    assert "# always loaded\n[routing.router.settings.groups.keep]" in toml
+
+
+def test_without_groups_or_a_matrix_there_is_no_such_comment() -> None:
+    result, _ = translate(
+        """
+        models:
+          a: {cmd: "a --port ${PORT}"}
+        groups: {}
+        """
+    )
+    assert "docs/resources.md" not in result.toml
