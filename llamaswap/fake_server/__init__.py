@@ -10,7 +10,9 @@ it has to behave like one where the proxy can tell the difference:
   notices a client that goes away mid-stream and stops generating;
 * it can fail to start (``--fail-start``), crash mid-stream (``--crash-after-tokens``) and
   ignore SIGTERM (``--ignore-sigterm``), the three ways real servers make a supervisor's life
-  hard.
+  hard;
+* it can hold GPU memory (``--memory``) in the GPU probe's test double, and run out of it
+  with llama.cpp's CUDA messages, so that placement by memory is tested without a GPU.
 
 Answers are deterministic: the words come from a fixed list, walked by a tiny pseudo-random
 generator seeded with ``zlib.crc32`` of the model name and the last user message, so the same
@@ -23,8 +25,10 @@ prefixed with ``fake_server:``, because the proxy's supervisor captures and show
 
 The modules: ``_content`` generates the deterministic words, embeddings and response bodies
 (pure, no I/O); ``_app`` holds :class:`Options` and the ASGI app :class:`FakeServer`; ``_cli``
-parses the command line and runs the process (binding, simulated load, signals);
-``__main__`` makes the package runnable with ``python -m``.
+parses the command line and runs the process (binding, simulated load, signals); ``_gpu``
+"allocates" ``--memory`` in the GPU probe's test double (``FileProbe``), failing as
+llama.cpp does where a device is full; ``__main__`` makes the package runnable with
+``python -m``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, final
 
@@ -49,6 +49,10 @@ class Options:
     ignore_sigterm: bool
     embedding_size: int
     parallel: int = 0
+    #: ``--memory``: bytes by device "allocated" once loaded (``_gpu.py``); empty: none.
+    memory: Mapping[str, int] = attrs.field(factory=dict)
+    #: ``--gpu-dir``: the GPU probe's test double (``FileProbe``) it allocates in.
+    gpu_dir: str | None = None
 
 
 def say(line: str) -> None:

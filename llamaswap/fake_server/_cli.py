@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -10,6 +11,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -18,6 +20,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from ._app import FakeServer, Options, complain, say
+from ._gpu import GPU_DIR_ENV, OutOfMemory, allocate, parse_memory, release
 
 # --- process lifetime -------------------------------------------------------------------------
 
@@ -56,7 +59,11 @@ async def _run(options: Options) -> int:
     exit_code = 0
 
     # The receiver is open before the port is announced: a supervisor may signal at once.
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # ``cleanup`` gives back the --memory allocation however this ends (but SIGKILL).
+    with (
+        contextlib.ExitStack() as cleanup,
+        trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals,
+    ):
         async with trio.open_nursery() as nursery:
 
             async def serve_then_stop(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -77,6 +84,24 @@ async def _run(options: Options) -> int:
                     exit_code = 1
                     nursery.cancel_scope.cancel(reason="simulated load failure")
                     return
+                if options.memory and options.gpu_dir:  # after the load, as llama.cpp
+                    try:
+                        allocation = await trio.to_thread.run_sync(
+                            allocate, Path(options.gpu_dir), options.memory
+                        )
+                    except OutOfMemory as exc:
+                        failure = exc.lines()
+                    except OSError as exc:
+                        failure = [f"error: cannot allocate in {options.gpu_dir}: {exc}"]
+                    else:
+                        cleanup.callback(release, allocation)
+                        failure = []
+                    if failure:
+                        for line in failure:
+                            complain(line)
+                        exit_code = 1
+                        nursery.cancel_scope.cancel(reason="simulated allocation failure")
+                        return
                 app.healthy = True
                 say(f"healthy at {time.time():.6f}")
 
@@ -107,6 +132,14 @@ def _number(kind: type[int] | type[float], minimum: int = 0) -> Callable[[str], 
 
     convert.__name__ = kind.__name__  # argparse names the type in its error messages
     return convert
+
+
+def _memory(text: str) -> dict[str, int]:
+    """``--memory``'s argparse ``type``."""
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -140,10 +173,19 @@ def parse_args(argv: list[str] | None = None) -> Options:
     add("--parallel", type=count, default=0, metavar="N",
         help="completions generated at once, the rest wait their turn, as llama-server's "
         "slots; 0 = no limit (default: %(default)s)")
+    add("--memory", type=_memory, default={}, metavar="SIZE",
+        help="GPU memory to allocate once loaded: 8GiB (on gpu0), or gpu0=6GiB,gpu1=2GiB; "
+        "it fails as llama.cpp does (CUDA out of memory) where that exceeds a device of "
+        "--gpu-dir")
+    add("--gpu-dir", metavar="DIR",
+        help="the GPU probe's test double to allocate --memory in (devices.json, PID.json); "
+        "default: $LLAMASWAP_FAKE_GPU")
     # fmt: on
     args = parser.parse_args(argv)
     if args.port > 65535:
         parser.error(f"--port must be at most 65535, got {args.port}")
+    if args.gpu_dir is None:
+        args.gpu_dir = os.environ.get(GPU_DIR_ENV) or None
     return Options(**{name: getattr(args, name) for name in attrs.fields_dict(Options)})
 
 

@@ -24,6 +24,10 @@ import pytest
 import trio
 from openai.types.chat import ChatCompletionChunk
 
+from llamaswap.config import values
+from llamaswap.fake_server import _gpu, parse_args
+from llamaswap.resources.probe import FAKE_GPU_ENV, FileProbe
+
 REPO = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(
     r"fake_server: listening on http://127\.0\.0\.1:(?P<port>\d+) model=(?P<model>\S+) "
@@ -420,3 +424,108 @@ async def test_openai_client_understands_the_responses() -> None:
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 3
     assert len(embedding.data[0].embedding) == 8
+
+
+# --- --memory: the GPU probe's test double ------------------------------------------------
+
+GiB = 2**30
+
+
+def gpu_folder(folder: Path, **totals: int) -> Path:
+    """A ``FileProbe`` folder whose ``devices.json`` lists ``totals`` (bytes by device)."""
+    folder.mkdir()
+    devices = {name: {"total": total, "name": "Fake GPU"} for name, total in totals.items()}
+    (folder / "devices.json").write_text(json.dumps(devices))
+    return folder
+
+
+SIZES = ["8GiB", "512 MiB", "1.5gb", ".5TiB", "12345", " 3kB ", "0", "1024TiB", "1025TiB",
+         "8 gigs", "GiB", "-1GiB", "1e3", "", "2.5b"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", SIZES)
+def test_memory_sizes_read_as_the_config_s_and_the_names_agree(text: str) -> None:
+    # The fake server sits below llamaswap.config (tests/unit/test_layers.py), so it has
+    # its own copy of the size syntax and of the probe's variable name: they must agree.
+    assert _gpu.GPU_DIR_ENV == FAKE_GPU_ENV
+    assert _gpu.DEFAULT_DEVICE == values.DEFAULT_DEVICE
+    try:
+        expected = values.parse_size(text)
+    except values.InvalidValue:
+        with pytest.raises(ValueError, match="expected"):
+            _gpu.parse_size(text)
+    else:
+        assert _gpu.parse_size(text) == expected
+
+
+def test_memory_takes_one_size_or_sizes_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FAKE_GPU_ENV, raising=False)
+    assert parse_args(["--port", "0"]).memory == {}
+    assert parse_args(["--port", "0", "--memory", "8GiB"]).memory == {"gpu0": 8 * GiB}
+    both = parse_args(["--port", "0", "--memory", "gpu0=6GiB, gpu1=512MiB"])
+    assert both.memory == {"gpu0": 6 * GiB, "gpu1": 512 * 2**20}
+    assert both.gpu_dir is None  # nowhere to allocate: --memory does nothing
+    monkeypatch.setenv(FAKE_GPU_ENV, "/tmp/fake-gpu")
+    assert parse_args(["--port", "0", "--memory", "1GiB"]).gpu_dir == "/tmp/fake-gpu"
+    explicit = ["--port", "0", "--memory", "1GiB", "--gpu-dir", "/elsewhere"]
+    assert parse_args(explicit).gpu_dir == "/elsewhere"
+    for bad in ("8 gigs", "gpu0=", "gpu0=1GiB,gpu0=2GiB", "=1GiB"):
+        with pytest.raises(SystemExit):
+            parse_args(["--port", "0", "--memory", bad])
+
+
+async def test_memory_is_allocated_once_loaded_and_given_back_on_sigterm(tmp_path: Path) -> None:
+    gpu = gpu_folder(tmp_path / "gpu", gpu0=16 * GiB)
+    args = ("--memory", "8GiB", "--gpu-dir", str(gpu), "--load-seconds", "1")
+    with trio.fail_after(15):
+        async with fake_server(*args) as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            own = gpu / f"{fake.process.pid}.json"
+            assert (await client.get("/health")).status_code == 503
+            assert not own.exists()  # loading: nothing allocated yet
+            await fake.expect_line("fake_server: healthy at ")
+            assert json.loads(own.read_text()) == {"gpu0": 8 * GiB}
+            reading = FileProbe(gpu).read()
+            assert reading.processes == {fake.process.pid: {"gpu0": 8 * GiB}}
+            (device,) = reading.devices
+            assert (device.name, device.label, device.total, device.used) == (
+                "gpu0",
+                "Fake GPU",
+                16 * GiB,
+                8 * GiB,
+            )
+            fake.process.send_signal(signal.SIGTERM)
+            assert await fake.process.wait() == 0
+            assert not own.exists()
+    assert sorted(path.name for path in gpu.iterdir()) == [".lock", "devices.json"]
+
+
+async def test_memory_beyond_a_device_fails_as_llama_cpp_does(tmp_path: Path) -> None:
+    gpu = gpu_folder(tmp_path / "gpu", gpu0=16 * GiB, gpu1=4 * GiB)
+    # A file left by a process that has gone (SIGKILLed) holds nothing.
+    gone = await trio.run_process(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_stdout=True
+    )
+    (gpu / f"{int(gone.stdout)}.json").write_text(json.dumps({"gpu0": 16 * GiB}))
+    with trio.fail_after(15):
+        async with fake_server("--memory", "gpu0=10GiB,gpu1=1GiB", "--gpu-dir", str(gpu)) as a:
+            await a.expect_line("fake_server: healthy at ")
+            async with fake_server("--memory", "gpu0=4GiB,gpu1=6GiB", "--gpu-dir", str(gpu)) as b:
+                assert await b.process.wait() == 1
+                assert (await b.stderr()).splitlines() == [
+                    "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 6144.00 MiB on "
+                    "device 1: cudaMalloc failed: out of memory",
+                    f"alloc_tensor_range: failed to allocate CUDA1 buffer of size {6 * GiB}",
+                    "llama_model_load: error loading model: unable to allocate CUDA1 buffer",
+                    "llama_model_load_from_file_impl: failed to load model",
+                ]
+                assert not (gpu / f"{b.process.pid}.json").exists()
+            async with fake_server("--memory", "7GiB", "--gpu-dir", str(gpu)) as c:
+                assert await c.process.wait() == 1  # 10 + 7 > 16 on gpu0
+                assert "on device 0: cudaMalloc failed: out of memory" in await c.stderr()
+            a.process.kill()  # SIGKILL: its file stays, and counts for nothing
+            await a.process.wait()
+            assert (gpu / f"{a.process.pid}.json").exists()
+            assert FileProbe(gpu).read().processes == {}
+            async with fake_server("--memory", "16GiB", "--gpu-dir", str(gpu)) as d:
+                await d.expect_line("fake_server: healthy at ")
+                assert FileProbe(gpu).read().processes == {d.process.pid: {"gpu0": 16 * GiB}}
