@@ -39,6 +39,7 @@ __all__ = [
     "parse_memory",
     "parse_names",
     "parse_size",
+    "parse_sizes_option",
     "parse_str",
     "plain",
     "scalar",
@@ -439,4 +440,32 @@ def parse_memory(value: object) -> dict[str, int]:
             problems.extend(((device, *at), text) for at, text in exc.problems)
     if problems:
         raise InvalidValue.many(problems)
+    return sizes
+
+
+def parse_sizes_option(text: str) -> dict[str, int]:
+    """A command line's memory option (``simulate --memory``, the fake server's
+    ``--memory``): one size, on ``gpu0`` as a model's ``memory`` is, or ``DEVICE=SIZE``
+    pairs separated by commas (``gpu0=6GiB,gpu1=2GiB``).
+
+    Raises:
+        ValueError: what is wrong with ``text``, for people (with an example).
+    """
+    try:
+        if "=" not in text:
+            return {DEFAULT_DEVICE: parse_size(text)}
+        sizes: dict[str, int] = {}
+        for part in text.split(","):
+            device, equals, size = part.partition("=")
+            device = device.strip()
+            if not equals or not device:
+                raise ValueError(f"expected DEVICE=SIZE, got {part.strip()!r}")
+            if device in sizes:
+                raise ValueError(f"device {device!r} is named twice")
+            try:
+                sizes[device] = parse_size(size)
+            except InvalidValue as exc:
+                raise ValueError(f"{device}: {exc}") from None
+    except ValueError as exc:  # InvalidValue too
+        raise ValueError(f"{exc} (e.g. 24GiB, or gpu0=20GiB,gpu1=4GiB)") from None
     return sizes

@@ -19,8 +19,11 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from llamaswap.config.values import parse_sizes_option
+from llamaswap.resources.probe import FAKE_GPU_ENV
+
 from ._app import FakeServer, Options, complain, say
-from ._gpu import GPU_DIR_ENV, OutOfMemory, allocate, parse_memory, release
+from ._gpu import OutOfMemory, allocate, release
 
 # --- process lifetime -------------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ def _number(kind: type[int] | type[float], minimum: int = 0) -> Callable[[str], 
 def _memory(text: str) -> dict[str, int]:
     """``--memory``'s argparse ``type``."""
     try:
-        return parse_memory(text)
+        return parse_sizes_option(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -185,7 +188,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if args.port > 65535:
         parser.error(f"--port must be at most 65535, got {args.port}")
     if args.gpu_dir is None:
-        args.gpu_dir = os.environ.get(GPU_DIR_ENV) or None
+        args.gpu_dir = os.environ.get(FAKE_GPU_ENV) or None
     return Options(**{name: getattr(args, name) for name in attrs.fields_dict(Options)})
 
 

@@ -23,56 +23,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["GPU_DIR_ENV", "OutOfMemory", "allocate", "parse_memory", "parse_size", "release"]
-
-#: ``--gpu-dir``'s default: the variable that names the GPU probe's test double
-#: (``llamaswap.resources.probe.FAKE_GPU_ENV``, which the tests check it equals).
-GPU_DIR_ENV = "LLAMASWAP_FAKE_GPU"
-#: The device one size is on (``llamaswap.config.values.DEFAULT_DEVICE``).
-DEFAULT_DEVICE = "gpu0"
+__all__ = ["OutOfMemory", "allocate", "release"]
 
 _MIB = 2**20
 _GPU = re.compile(r"gpu(\d+)")
-_UNIT_BYTES = {
-    "b": 1,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-}  # fmt: skip
-_SIZE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)")
-_MAX_SIZE = 2**50
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``8GiB``, ``512MiB``, ``1.5GB`` or a plain number of bytes: the syntax of
-    the config's sizes (``llamaswap.config.values.parse_size``, which this package sits
-    below and may not import; tests/e2e/test_fake_server.py checks that they agree)."""
-    match = _SIZE.fullmatch(text.strip().lower())
-    if match is None or match[2] not in ("", *_UNIT_BYTES):
-        raise ValueError(f'expected a number of bytes or a size like "22GiB", got {text!r}')
-    size = round(float(match[1]) * _UNIT_BYTES.get(match[2], 1))
-    if size > _MAX_SIZE:
-        raise ValueError(f"expected a size from 0 to 1 PiB, got {text!r}")
-    return size
-
-
-def parse_memory(text: str) -> dict[str, int]:
-    """``--memory``: one size (on ``gpu0``), or ``DEVICE=SIZE`` pairs separated by commas
-    (``gpu0=6GiB,gpu1=2GiB``). Raises ValueError with a message for people."""
-    try:
-        if "=" not in text:
-            return {DEFAULT_DEVICE: parse_size(text)}
-        sizes: dict[str, int] = {}
-        for part in text.split(","):
-            device, equals, size = part.partition("=")
-            device = device.strip()
-            if not equals or not device:
-                raise ValueError(f"expected DEVICE=SIZE, got {part.strip()!r}")
-            if device in sizes:
-                raise ValueError(f"device {device!r} is named twice")
-            sizes[device] = parse_size(size)
-    except ValueError as exc:
-        raise ValueError(f"{exc} (e.g. 8GiB, or gpu0=6GiB,gpu1=2GiB)") from None
-    return sizes
 
 
 class OutOfMemory(Exception):

@@ -25,7 +25,7 @@ import attrs
 
 from llamaswap.config import Config
 from llamaswap.config.model import DeviceConfig
-from llamaswap.config.values import DEFAULT_DEVICE, InvalidValue, parse_size
+from llamaswap.config.values import parse_sizes_option
 from llamaswap.resources import Resources
 
 __all__ = [
@@ -79,19 +79,7 @@ def parse_budget(text: str) -> Budget:
     Raises:
         ValueError: what is wrong with ``text``, said for the command line.
     """
-    memory: dict[str, int] = {}
-    for part in text.split(","):
-        device, equals, size = part.strip().rpartition("=")
-        device = device.strip() if equals else DEFAULT_DEVICE
-        if not device or not size.strip() or (not equals and len(text.split(",")) > 1):
-            raise ValueError(f"expected DEVICE=SIZE such as gpu0=24GiB, got {part.strip()!r}")
-        if device in memory:
-            raise ValueError(f"{device} is given twice in {text!r}")
-        try:
-            memory[device] = parse_size(size)
-        except InvalidValue as exc:
-            raise ValueError(f"{device}: {exc}") from None
-    return Budget(memory)
+    return Budget(parse_sizes_option(text))
 
 
 def needs(config: Config) -> dict[str, Mapping[str, int]]:

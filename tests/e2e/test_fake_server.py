@@ -24,8 +24,7 @@ import pytest
 import trio
 from openai.types.chat import ChatCompletionChunk
 
-from llamaswap.config import values
-from llamaswap.fake_server import _gpu, parse_args
+from llamaswap.fake_server import parse_args
 from llamaswap.resources.probe import FAKE_GPU_ENV, FileProbe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -437,25 +436,6 @@ def gpu_folder(folder: Path, **totals: int) -> Path:
     devices = {name: {"total": total, "name": "Fake GPU"} for name, total in totals.items()}
     (folder / "devices.json").write_text(json.dumps(devices))
     return folder
-
-
-SIZES = ["8GiB", "512 MiB", "1.5gb", ".5TiB", "12345", " 3kB ", "0", "1024TiB", "1025TiB",
-         "8 gigs", "GiB", "-1GiB", "1e3", "", "2.5b"]  # fmt: skip
-
-
-@pytest.mark.parametrize("text", SIZES)
-def test_memory_sizes_read_as_the_config_s_and_the_names_agree(text: str) -> None:
-    # The fake server sits below llamaswap.config (tests/unit/test_layers.py), so it has
-    # its own copy of the size syntax and of the probe's variable name: they must agree.
-    assert _gpu.GPU_DIR_ENV == FAKE_GPU_ENV
-    assert _gpu.DEFAULT_DEVICE == values.DEFAULT_DEVICE
-    try:
-        expected = values.parse_size(text)
-    except values.InvalidValue:
-        with pytest.raises(ValueError, match="expected"):
-            _gpu.parse_size(text)
-    else:
-        assert _gpu.parse_size(text) == expected
 
 
 def test_memory_takes_one_size_or_sizes_by_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -181,7 +181,7 @@ def test_memory_budgets_run_side_by_side(tmp_path: Path) -> None:
         (
             "gpu0=lots",
             "llamaswap simulate: error: argument --memory: gpu0: expected a number of bytes "
-            "or a size like \"22GiB\", got 'lots'",
+            "or a size like \"22GiB\", got 'lots' (e.g. 24GiB, or gpu0=20GiB,gpu1=4GiB)",
         ),
         (
             "gpu1=8GiB",

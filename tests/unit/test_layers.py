@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "llamaswap"
 
 #: Lowest first; a package may import its own layer's and those below.
 LAYERS: list[set[str]] = [
-    {"", "keypaths", "_version", "_limits", "fake_server"},  # "": llamaswap/__init__.py
+    {"", "keypaths", "_version", "_limits"},  # "": llamaswap/__init__.py
     {"errors"},
     {"config"},
     {"http"},
@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"router"},
     {"observability", "reloader", "simulate", "migrate"},
     {"proxy"},
-    {"_serve", "cli", "__main__"},
+    {"_serve", "cli", "__main__", "fake_server"},  # programs (the fake server is a test double)
 ]
 LAYER = {name: index for index, names in enumerate(LAYERS) for name in names}
 

@@ -458,12 +458,13 @@ def test_a_budget_reads_device_sizes_and_a_bare_size_is_on_gpu0() -> None:
     assert parse_budget("24GiB") == Budget({"gpu0": 24 * GiB})
     assert parse_budget("gpu1=1.5GiB,gpu0=24GiB").label == "gpu0=24 GiB, gpu1=1.5 GiB"
     for bad, message in (
-        ("gpu0", "gpu0: expected a number of bytes or a size like \"22GiB\", got 'gpu0'"),
-        ("gpu0=", "expected DEVICE=SIZE such as gpu0=24GiB, got 'gpu0='"),
-        ("24GiB,gpu1=8GiB", "expected DEVICE=SIZE such as gpu0=24GiB, got '24GiB'"),
-        ("gpu0=1GiB,gpu0=2GiB", "gpu0 is given twice in 'gpu0=1GiB,gpu0=2GiB'"),
+        ("gpu0", "expected a number of bytes or a size like \"22GiB\", got 'gpu0'"),
+        ("gpu0=", "gpu0: expected a number of bytes or a size like \"22GiB\", got ''"),
+        ("24GiB,gpu1=8GiB", "expected DEVICE=SIZE, got '24GiB'"),
+        ("gpu0=1GiB,gpu0=2GiB", "device 'gpu0' is named twice"),
         ("gpu0=lots", "gpu0: expected a number of bytes or a size like \"22GiB\", got 'lots'"),
     ):
+        message += " (e.g. 24GiB, or gpu0=20GiB,gpu1=4GiB)"
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             parse_budget(bad)
 
