@@ -334,7 +334,7 @@ class Resources:
         if self._store is not None:
             for model in grown:
                 with trio.move_on_after(SAMPLE_TIMEOUT):
-                    await self._store.remember(model, self._learned[model])
+                    await self._store.remember(model, dict(self._learned[model]))
 
 
 @final

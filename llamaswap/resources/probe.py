@@ -152,6 +152,8 @@ class FileProbe:
         listed = _read_json(self.directory / "devices.json") or {}
         processes: dict[int, dict[str, int]] = {}
         for path in self.directory.glob("[0-9]*.json"):
+            if not path.stem.isdigit():
+                continue
             pid = int(path.stem)
             sizes = _read_json(path)
             if sizes and _alive(pid):
