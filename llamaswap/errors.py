@@ -240,9 +240,13 @@ def _key(*parts: str) -> str:
 
 
 class ConcurrencyLimit(RequestError):
+    """``model`` already has ``limit`` requests admitted. ``retry_after``: the seconds
+    until one of them is estimated to end, set by the proxy (``None``: no estimate)."""
+
     def __init__(self, model: str, limit: int) -> None:
         self.model = model
         self.limit = limit
+        self.retry_after: int | None = None
         super().__init__(
             f"model {model!r} already has {limit} requests waiting or running "
             f"({_key('models', model, 'concurrencyLimit')}); retry shortly"
@@ -261,10 +265,13 @@ class RequestCancelled(RequestError):
 
 
 class QueueFull(RequestError):
-    """Under ``serial``, ``maxQueued`` requests already wait (across every model)."""
+    """Under ``serial``, ``maxQueued`` requests already wait (across every model).
+    ``retry_after``: the seconds until the first of them is estimated to start, set by
+    the proxy (``None``: no estimate)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.retry_after: int | None = None
         super().__init__(
             f"the queue is full: {limit} requests already wait "
             "(routing.scheduler.settings.serial.maxQueued); retry later"

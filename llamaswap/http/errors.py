@@ -64,6 +64,8 @@ def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], byt
     status, kind, code, extra = row
     if isinstance(error, MethodNotAllowed):
         extra = (("allow", error.allowed),)
+    elif isinstance(error, ConcurrencyLimit | QueueFull) and error.retry_after is not None:
+        extra = (("retry-after", str(error.retry_after)),)  # estimated (resources/eta.py)
     param = error.param if isinstance(error, BadRequest) else None
     body = {"error": {"message": str(error), "type": kind, "code": code, "param": param}}
     headers = [("content-type", "application/json"), *extra]

@@ -22,8 +22,10 @@ Everything here is derived from the router's one stream of events (``Router.obse
   ``loading`` if it waited for a load, then ``serving`` and ``done``, or ``failed`` or
   ``cancelled``.
 - ``queue``: per-band depth and oldest wait, the waiting requests in serve order and,
-  under ``serial``, their scores; every request event or decision marks it changed, and
-  the hub coalesces the changes (at most one per 100 ms).
+  under ``serial``, their scores, and when each waiting request (queued or loading) is
+  estimated to start (``estimates.py``: one pass over the queue, so it is here, on the
+  coalesced event, and not on every request's); every request event or decision marks
+  it changed, and the hub coalesces the changes (at most one per 100 ms).
 - ``load``: a load the scheduler started (``StartSwap``): its model, the models it
   evicts, and ``retry``, why it is a second try (its first ran out of memory), or null.
 - ``activity``: each finished request's activity record (``ActivityLog.add_listener``).
@@ -54,6 +56,7 @@ from llamaswap.router.lease import Lease, RequestInfo, ticket_info
 from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, StartSwap, Ticket
 
 from .activity import ActivityLog, ActivityRecord
+from .estimates import estimates
 from .events import Event, EventHub
 
 if TYPE_CHECKING:
@@ -187,6 +190,8 @@ class RouterEvents:
             for band, band_stats in stats.bands.items()
         }
         queued = scheduler.queued()  # first served first
+        found = estimates(self._router, queued=queued)
+        now = found.now
         return {
             "waiting": stats.waiting,
             "loading": stats.loading,
@@ -195,6 +200,10 @@ class RouterEvents:
             "scores": [
                 None if score is None else round(score, 3) for score in scheduler.scores(queued)
             ],
+            "eta_ms": {  # every waiting request's, by ID: those loading, then the queued
+                request_id: None if (start := found.start(request_id, now)) is None else _ms(start)
+                for request_id in (*found.loading, *found.order)
+            },
         }
 
     def _queue_event(self) -> Event | None:

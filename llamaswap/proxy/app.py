@@ -51,6 +51,7 @@ from llamaswap.observability import (
     Logs,
     Metrics,
 )
+from llamaswap.observability.estimates import Estimator
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.events import ModelForgotten, ModelStateChanged
@@ -297,6 +298,8 @@ def create_app(
     if activity is None:
         activity = ActivityLog()
     recorder = Recorder(activity, metrics)
+    # One for the whole app: a flood of 429s costs one estimate per MAX_AGE.
+    estimator = Estimator(router)
     quart = QuartTrio("llamaswap")
     # Generations may stream for many minutes: Quart's 60 s defaults would cut them.
     quart.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None, MAX_CONTENT_LENGTH=None)
@@ -441,6 +444,7 @@ def create_app(
                 pass
             exchange.status = 200
         except RequestError as exc:
+            estimator.set_retry_after(exc)  # a 429's, when estimated
             exchange.status = error_response(exc)[0]
             exchange.error = str(exc)
             raise
@@ -492,5 +496,5 @@ def create_app(
     gpu.register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
-    forwarder = Forwarder(router, pool, recorder)
+    forwarder = Forwarder(router, pool, recorder, estimator=estimator)
     return Application(quart, forwarder, reloader, router, listen_host)

@@ -57,6 +57,7 @@ from llamaswap.http.headers import (
     upstream_headers,
 )
 from llamaswap.observability import UsageTap
+from llamaswap.observability.estimates import Estimator
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.router.names import Names, Peer
@@ -149,12 +150,23 @@ class _Reply:
 
 @final
 class Forwarder:
-    """Handles the inference routes (SPEC §4.1) and ``/upstream/{model}/{path}``."""
+    """Handles the inference routes (SPEC §4.1) and ``/upstream/{model}/{path}``.
 
-    def __init__(self, router: Router, pool: UpstreamPool, recorder: Recorder) -> None:
+    ``estimator``: the estimates that a 429's ``Retry-After`` and the loading stream read
+    (one of its own by default)."""
+
+    def __init__(
+        self,
+        router: Router,
+        pool: UpstreamPool,
+        recorder: Recorder,
+        *,
+        estimator: Estimator | None = None,
+    ) -> None:
         self._router = router
         self._pool = pool
         self._recorder = recorder
+        self._estimator = estimator if estimator is not None else Estimator(router)
 
     @property
     def _config(self) -> Config:
@@ -210,6 +222,7 @@ class Forwarder:
         self, scope: HTTPScope, exchange: Exchange, reply: _Reply, error: RequestError
     ) -> None:
         exchange.error = str(error)
+        self._estimator.set_retry_after(error)  # a 429's, when estimated
         if not isinstance(error, ModelStartFailed):  # logged once, by its supervisor
             logger.info("%s %s: %s", scope["method"], scope["path"], error)
         await self._report(reply, error, messages=scope["path"] == anthropic.MESSAGES_PATH)
@@ -309,6 +322,7 @@ class Forwarder:
                 exchange.metadata.get("requested_model", target.model_id),
                 partial(reply.start, 200, list(SSE_HEADERS)),
                 reply.body,
+                estimator=self._estimator,
             )
         exchange.lease = self._router.lease(
             target.model_id,

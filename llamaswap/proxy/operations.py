@@ -1,7 +1,8 @@
 """Live operations: what is in flight, cancelling one request, model state, the version.
 
 ``GET /api/inflight`` lists every request the scheduler has admitted and not yet released,
-from the router's ``RequestInfo`` snapshots; ``POST /api/inflight/{id}/cancel`` ends one
+from the router's ``RequestInfo`` snapshots, each with the estimate of when it starts
+(``observability/estimates.py``); ``POST /api/inflight/{id}/cancel`` ends one
 through its lease, exactly as a client disconnect would (``Lease.cancel``), and its client
 gets a ``RequestCancelled`` error. Requests to peers bypass the scheduler and hold no
 lease, so they are not listed and cannot be cancelled here.
@@ -23,6 +24,7 @@ from quart_trio import QuartTrio
 
 from llamaswap._version import versions
 from llamaswap.errors import RequestCancelled
+from llamaswap.observability.estimates import estimates
 from llamaswap.process import ModelStatistics
 from llamaswap.router import Router
 from llamaswap.router.lease import RequestInfo
@@ -62,11 +64,18 @@ def client_address(client: tuple[str, int] | None) -> str | None:
 
 
 def inflight_entry(
-    info: RequestInfo, *, now: float, wall_now: float, position: int | None = None
+    info: RequestInfo,
+    *,
+    now: float,
+    wall_now: float,
+    position: int | None = None,
+    eta_seconds: float | None = None,
 ) -> dict[str, Any]:
     """One ``/api/inflight`` entry. ``waited_ms`` runs until the request is dispatched
     (served, or its load started or joined), as the activity log's ``queue_wait_ms``;
-    ``position`` is its 1-based place in the order the scheduler will serve the queue."""
+    ``position`` is its 1-based place in the order the scheduler will serve the queue;
+    ``eta_seconds``, the estimated seconds until it starts (0 once served; ``None``: no
+    estimate)."""
     return {
         "id": info.id,
         "model": info.model,
@@ -79,6 +88,7 @@ def inflight_entry(
         "client": info.client,
         "route": info.route,
         "position": position,
+        "eta_seconds": None if eta_seconds is None else round(eta_seconds, 3),
     }
 
 
@@ -117,9 +127,16 @@ def register(quart: QuartTrio, router: Router) -> None:
     @quart.get("/api/inflight")
     async def inflight() -> Response:
         now, wall_now = trio.current_time(), time.time()
-        order = {request_id: place for place, request_id in enumerate(router.queue_order(), 1)}
+        found = estimates(router)  # its order is Router.queue_order()'s
+        order = {request_id: place for place, request_id in enumerate(found.order, 1)}
         entries = [
-            inflight_entry(info, now=now, wall_now=wall_now, position=order.get(info.id))
+            inflight_entry(
+                info,
+                now=now,
+                wall_now=wall_now,
+                position=order.get(info.id),
+                eta_seconds=found.start(info.id, now),
+            )
             for info in router.requests()
             if info.state in _LIVE_NAMES
         ]

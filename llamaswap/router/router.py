@@ -324,6 +324,13 @@ class Router:
         """The IDs of the requests not yet dispatched, in the order they will be served."""
         return [ticket.seq for ticket in self.scheduler.queued()]
 
+    def dispatched(self) -> list[Ticket]:
+        """The tickets of the requests loading or being served, oldest first (the
+        scheduler's records, as ``Scheduler.queued()`` gives the waiting ones: to read,
+        for the estimates, which need ``granted_at``)."""
+        states = (RequestState.LOADING, RequestState.SERVING)
+        return [lease.ticket for lease in self._leases if lease.state in states]
+
     def position(self, lease: Lease) -> tuple[int | None, int]:
         """The request's 1-based place in the queue (``None`` once dispatched), and how
         many wait."""

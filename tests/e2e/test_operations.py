@@ -49,6 +49,7 @@ FIELDS = {
     "client",
     "route",
     "position",
+    "eta_seconds",
 }
 
 

@@ -161,8 +161,9 @@ def _problems(outcome: Outcome, chaos: Chaos, scheduler: str) -> Iterator[str]:
         return  # already malformed
     code = outcome.error["code"]
     if status == 429:
-        if code != "concurrency_limit" or outcome.headers.get("retry-after") != "1":
-            yield "a 429 without code concurrency_limit and Retry-After: 1"
+        retry = outcome.headers.get("retry-after", "")
+        if code != "concurrency_limit" or not (retry.isdigit() and 1 <= int(retry) <= 3600):
+            yield "a 429 without code concurrency_limit and a Retry-After of 1 to 3600 s"
         # Under fifo every model has the default limit of 10, which six clients reach
         # only while hung-up requests are still being released; under serial only an
         # explicit concurrencyLimit applies (SPEC §3.3).

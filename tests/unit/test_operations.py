@@ -75,11 +75,19 @@ def test_inflight_entry_waits_until_dispatch() -> None:
         "client": "127.0.0.1:5123",
         "route": "POST /v1/chat/completions",
         "position": None,
+        "eta_seconds": None,
     }
     serving = inflight_entry(
         info(arrival=990.0, dispatched_at=990.25, state="serving"), now=1000.0, wall_now=WALL
     )
     assert serving["waited_ms"] == 250.0
+    estimated = inflight_entry(
+        info(arrival=990.0, dispatched_at=None, state="queued"),
+        now=1000.0,
+        wall_now=WALL,
+        eta_seconds=12.3456,
+    )
+    assert estimated["eta_seconds"] == 12.346
 
 
 def stats(
