@@ -1051,24 +1051,218 @@ async def test_a_key_no_header_can_carry_is_refused_and_asked_for_again(
     await in_browser(proxy.url, body)
 
 
+GIB = 2**30
+
+
+def fake_gpu(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU probe's test double for the proxies started from here on: one 24 GiB
+    device in ``folder``, where fake servers started with ``--memory`` "allocate"."""
+    folder.mkdir()
+    (folder / "devices.json").write_text(
+        json.dumps({"gpu0": {"total": 24 * GIB, "name": "Fake GPU"}})
+    )
+    monkeypatch.setenv("LLAMASWAP_FAKE_GPU", str(folder))
+
+
+def with_eta(seconds: dict[int, float | None]) -> Callable[[Route], None]:
+    """``/api/inflight`` with ``eta_seconds`` set as ``seconds`` says, by request ID."""
+
+    def fulfil(route: Route) -> None:
+        answer = route.fetch()
+        listed = answer.json()
+        for entry in listed["inflight"]:
+            if entry["id"] in seconds:
+                entry["eta_seconds"] = seconds[entry["id"]]
+        route.fulfill(response=answer, json=listed)
+
+    return fulfil
+
+
 @needs_browser
-async def test_screenshots_in_light_and_dark_at_1280_and_390_pixels(
-    proxy_factory: StartProxy, tmp_path: Path
+async def test_the_memory_bar_shows_what_each_model_holds_and_what_a_waiting_load_needs(
+    proxy_factory: StartProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
-    await trio.Path(target).mkdir(parents=True, exist_ok=True)
+    """On a 24 GiB fake GPU, chat (14 GiB) serves a long answer while a request for
+    coder (12 GiB) waits: the two do not fit together. The bar shows chat's 14 GiB, in
+    its card's colour, and coder's need past the budget; the queue shows the waiting
+    request's estimate as a bar. Once chat's answer is cancelled, coder takes its place."""
+    fake_gpu(tmp_path / "gpu", monkeypatch)
     proxy = await proxy_factory(
         config(
             """
+[devices.gpu0]
+memory = "24GiB"
 [models.chat]
-cmd = "${fake} --load-seconds 1 --tokens-per-second 10"
+cmd = "${fake} --tokens-per-second 10 --memory 14GiB"
+memory = "14GiB"
+[models.coder]
+cmd = "${fake} --memory 12GiB"
+memory = "12GiB"
+"""
+        )
+    )
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        send = partial(client.post, "/v1/chat/completions")
+        known: set[int] = set()
+        etas: dict[int, float | None] = {}
+
+        async def chat_busy_and_coder_waiting() -> int:
+            with trio.fail_after(30):
+                nursery.start_soon(partial(send, json=chat("chat", max_tokens=600)))  # a minute
+                await new_request(client, known, "serving")
+                nursery.start_soon(partial(send, json=chat("coder")))
+                return await new_request(client, known, "queued")
+
+        def body(tab: Tab) -> None:
+            page = tab.page
+            page.route(re.compile(r"/api/inflight$"), with_eta(etas))
+            tab.open()
+            device = page.locator("#devices .device")
+            expect(device).to_have_count(1, timeout=WAIT)
+            expect(device.locator(".device-label")).to_have_text("Fake GPU")
+            # Nothing runs: the whole budget is free, nothing is drawn.
+            expect(device.locator(".mem-legend")).to_have_text(
+                "23 GiB free of a 23 GiB budget (headroom 512 MiB)", timeout=WAIT
+            )
+            expect(device.locator(".mem-part")).to_have_count(0)
+            card = tab.model("chat")
+            expect(card.locator('[data-role="memory"]')).to_have_text("needs 14 GiB (declared)")
+
+            waiting = blocking(chat_busy_and_coder_waiting)
+            held = device.locator(".mem-part.held")
+            expect(held).to_have_text(["chat 14 GiB"], timeout=WAIT)
+            need = device.locator(".mem-part.need")
+            expect(need).to_have_text("coder needs 12 GiB", timeout=WAIT)
+            expect(need).to_have_class(re.compile(r"\bover\b"))  # past the budget
+            expect(device.locator(".mem-legend li")).to_have_text(
+                ["chat 14 GiB", "coder needs 12 GiB", re.compile(r"^9\.\d GiB free of a 23 GiB")]
+            )
+            expect(device.locator(".device-sum")).to_have_text("14 GiB used of 24 GiB")
+            expect(card.locator('[data-role="held"]')).to_have_text(" · holds 14 GiB")
+            # The bar's colours are the cards' swatches; the need is hatched in coder's.
+            colour = "el => getComputedStyle(el).backgroundColor"
+            swatch = card.locator('[data-role="swatch"]').evaluate(colour)
+            assert held.evaluate(colour) == swatch
+            variable = "el => getComputedStyle(el).getPropertyValue('--colour')"
+            coder = tab.model("coder").locator('[data-role="swatch"]')
+            assert need.evaluate(variable) == coder.evaluate(variable) != held.evaluate(variable)
+            page.screenshot(path=tmp_path / "memory.png", full_page=True)
+
+            # The estimate, as /api/inflight's eta_seconds says it (set here: the bar is
+            # the page's; the figure is llamaswap's).
+            eta = page.locator(f'#waiting tbody tr[data-key="{waiting}"] [data-role="eta"]')
+            expect(eta).to_be_hidden()
+            etas[waiting] = 30.0
+            expect(eta).to_be_visible(timeout=WAIT)
+            expect(eta).to_have_text(re.compile(r"^about (30|29|28)\s+s$"))
+            fill: float = eta.locator(".eta-fill").evaluate(
+                "el => el.getBoundingClientRect().width / el.parentElement.clientWidth"
+            )
+            assert 0 < fill < 0.5, fill
+            page.locator("#queue-panel").screenshot(path=tmp_path / "eta.png")
+            etas[waiting] = None  # no estimate: nothing shown
+            expect(eta).to_be_hidden(timeout=WAIT)
+
+            serving = page.locator("#running tbody tr").first
+            serving.get_by_role("button", name="Cancel").click()
+            expect(held).to_have_text(["coder 12 GiB"], timeout=WAIT)
+            expect(need).to_have_count(0)
+            expect(state_of(tab.model("chat"))).to_have_text("stopped", timeout=WAIT)
+            expect(card.locator('[data-role="held"]')).to_have_text("")
+            page.locator("#models-panel").screenshot(path=tmp_path / "memory-after.png")
+            assert tab.errors == []
+
+        await in_browser(proxy.url, body)
+        nursery.cancel_scope.cancel()
+
+
+@needs_browser
+async def test_without_a_gpu_probe_the_memory_bar_says_why(
+    proxy_factory: StartProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No probe and no device: one muted line with llamaswap's reason, no bars, and no
+    memory on the cards. No probe but a declared device: the bar shows the budget and a
+    running model counted for its declared need, with the reason under it."""
+    monkeypatch.delenv("LLAMASWAP_FAKE_GPU", raising=False)
+    bare = await proxy_factory(config('[models.beta]\ncmd = "${fake}"'))
+    declared = await proxy_factory(
+        config('[devices.gpu0]\nmemory = "24GiB"\n[models.beta]\ncmd = "${fake}"\nmemory = "8GiB"')
+    )
+    async with bare.client() as client:
+        resources = (await client.get("/api/resources")).json()
+    if resources["probe"] is not None:
+        pytest.skip(f"this machine has a GPU probe ({resources['probe']})")
+    absent = resources["absent"]
+    assert absent
+
+    def without_devices(tab: Tab) -> None:
+        page = tab.page
+        tab.open()
+        note = page.locator("#memory-note")
+        expect(note).to_have_text(f"No GPU figures: {absent}.", timeout=WAIT)
+        expect(note).to_have_class("hint")
+        expect(page.locator("#devices .device")).to_have_count(0)
+        expect(page.locator("#memory-h")).to_be_hidden()  # one line, no heading
+        expect(tab.model("beta").locator('[data-role="memory-facts"]')).to_be_hidden()
+        expect(tab.model("beta").locator('[data-role="swatch"]')).to_be_hidden()
+        page.locator("#models-panel").screenshot(path=tmp_path / "memory-absent.png")
+        assert tab.errors == []
+
+    await in_browser(bare.url, without_devices)
+    async with declared.client() as client:
+        with trio.fail_after(30):
+            assert (
+                await client.post("/v1/chat/completions", json=chat("beta"))
+            ).status_code == 200
+
+    def with_a_declared_device(tab: Tab) -> None:
+        page = tab.page
+        tab.open()
+        device = page.locator("#devices .device")
+        expect(device.locator(".mem-part.counted")).to_have_text(
+            "beta 8.0 GiB declared", timeout=WAIT
+        )
+        expect(device.locator(".mem-part.held")).to_have_count(0)  # nothing measured
+        expect(device.locator(".mem-legend li").last).to_have_text(
+            "15 GiB free of a 23 GiB budget (headroom 512 MiB)"
+        )
+        expect(page.locator("#memory-note")).to_have_text(f"No GPU figures: {absent}.")
+        expect(tab.model("beta").locator('[data-role="memory"]')).to_have_text(
+            "needs 8.0 GiB (declared)"
+        )
+        page.locator("#models-panel").screenshot(path=tmp_path / "memory-declared.png")
+        assert tab.errors == []
+
+    await in_browser(declared.url, with_a_declared_device)
+
+
+@needs_browser
+async def test_screenshots_in_light_and_dark_at_1280_and_390_pixels(
+    proxy_factory: StartProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under serial on a 24 GiB fake GPU: chat (14 GiB) serves a long answer with embed
+    (2 GiB) loaded beside it, four requests for chat and one for coder (12 GiB, which
+    does not fit beside chat) wait."""
+    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+    await trio.Path(target).mkdir(parents=True, exist_ok=True)
+    fake_gpu(tmp_path / "gpu", monkeypatch)
+    proxy = await proxy_factory(
+        config(
+            """
+[devices.gpu0]
+memory = "24GiB"
+[models.chat]
+cmd = "${fake} --load-seconds 1 --tokens-per-second 10 --memory 14GiB"
 name = "Chat (fake)"
 ttl = 300
+memory = "14GiB"
 [models.coder]
-cmd = "${fake} --load-seconds 2 --tokens-per-second 20"
+cmd = "${fake} --load-seconds 2 --tokens-per-second 20 --memory 12GiB"
 name = "Coder (fake)"
+memory = "12GiB"
 [models.embed]
-cmd = "${fake}"
+cmd = "${fake} --memory 2GiB"
+memory = "2GiB"
 [routing.scheduler]
 use = "serial"
 """
@@ -1081,15 +1275,20 @@ use = "serial"
             await client.post("/v1/chat/completions", json=body, headers={PRIORITY: priority})
 
         async def busy() -> None:
-            """Some history, then chat serving a long answer with three more waiting."""
+            """Some history, then chat serving a long answer with four more waiting."""
             with trio.fail_after(30):
                 await send("coder", "batch", 8)
                 await send("nope", "normal", 1)
-                await send("chat", "interactive", 12)
+                await send("chat", "interactive", 12)  # coder gives way: both do not fit
+                embedding = {"model": "embed", "input": "hello"}
+                assert (await client.post("/v1/embeddings", json=embedding)).status_code == 200
                 known = {entry["id"] for entry in await inflight(client)}
                 nursery.start_soon(send, "chat", "normal", 600)
                 await new_request(client, known, "serving")
-                for priority in ("batch", "normal", "interactive"):
+                for model, priority in (("chat", "batch"), ("coder", "batch")):
+                    nursery.start_soon(send, model, priority, 4)
+                    await new_request(client, known, "queued")
+                for priority in ("normal", "interactive"):
                     nursery.start_soon(send, "chat", priority, 4)
                     await new_request(client, known, "queued")
 
@@ -1105,9 +1304,18 @@ use = "serial"
             blocking(busy)
             page.get_by_label("Priority").select_option("interactive")
             page.get_by_role("button", name="Send", exact=True).click()
-            expect(page.locator("#waiting tbody tr")).to_have_count(4, timeout=WAIT)
+            expect(page.locator("#waiting tbody tr")).to_have_count(5, timeout=WAIT)
             expect(page.locator("#runs li").first.locator('[data-step="queued"]')).to_have_class(
                 "now", timeout=WAIT
+            )
+            memory = page.locator("#memory")
+            expect(memory.locator(".mem-part.held")).to_have_text(
+                ["chat 14 GiB", "embed 2.0 GiB"], timeout=WAIT
+            )
+            expect(memory.locator(".mem-part.need")).to_have_text("coder needs 12 GiB")
+            # Each waiting request's estimate (llamaswap's, from the history above).
+            expect(page.locator('#waiting [data-role="eta"]:visible')).to_have_count(
+                5, timeout=WAIT
             )
             # The card's counts come with the model's coalesced event (at most 100 ms on).
             waiting = tab.model("chat").locator('[data-role="waiting"]')
@@ -1116,6 +1324,7 @@ use = "serial"
             page.locator("#models-panel").screenshot(
                 path=target / "models.png", animations="disabled"
             )
+            memory.screenshot(path=target / "memory.png", animations="disabled")
             page.locator("#queue-panel").screenshot(
                 path=target / "queue.png", animations="disabled"
             )
@@ -1123,7 +1332,7 @@ use = "serial"
                 path=target / "playground.png", animations="disabled"
             )
             page.get_by_role("tab", name="Activity").click()
-            expect(page.locator("#activity tbody tr")).to_have_count(4, timeout=WAIT)
+            expect(page.locator("#activity tbody tr")).to_have_count(5, timeout=WAIT)
             page.locator(".tabs-panel").screenshot(
                 path=target / "activity.png", animations="disabled"
             )
@@ -1137,8 +1346,16 @@ use = "serial"
         def dark(tab: Tab, width: int) -> tuple[str, bool]:
             tab.open()
             page = tab.page
-            # The playground's request left with the first browser: three wait.
-            expect(page.locator("#waiting tbody tr")).to_have_count(3, timeout=WAIT)
+            # The playground's request left with the first browser: four wait.
+            expect(page.locator("#waiting tbody tr")).to_have_count(4, timeout=WAIT)
+            # What is read besides the events: the cards' names (listed), the memory.
+            expect(page.locator("#models article")).to_have_count(3, timeout=WAIT)
+            expect(page.locator("#memory .mem-part.need")).to_have_text(
+                "coder needs 12 GiB", timeout=WAIT
+            )
+            expect(page.locator('#waiting [data-role="eta"]:visible')).to_have_count(
+                4, timeout=WAIT
+            )
             page.screenshot(
                 path=target / f"dashboard-dark-{width}.png",
                 full_page=width < 600,
@@ -1158,5 +1375,5 @@ use = "serial"
         )
         assert phone == ("rgb(15, 18, 23)", True)  # no sideways scrolling at 390 px
         nursery.cancel_scope.cancel()
-    for name in ("dashboard", "models", "queue", "activity", "logs", "playground"):
+    for name in ("dashboard", "models", "memory", "queue", "activity", "logs", "playground"):
         assert (await trio.Path(target / f"{name}.png").stat()).st_size > 5_000

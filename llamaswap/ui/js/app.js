@@ -5,9 +5,11 @@ import { $, h, setText, toast } from "./dom.js";
 import * as fmt from "./format.js";
 import { mountActivity } from "./activity.js";
 import { mountLogs } from "./logs.js";
+import { mountMemory } from "./memory.js";
 import { mountModels } from "./models.js";
 import { mountPlayground } from "./playground.js";
 import { mountQueue } from "./queue.js";
+import { followResources } from "./resources.js";
 import { Store } from "./store.js";
 
 const store = new Store();
@@ -263,6 +265,7 @@ $("#reload-summary").addEventListener("click", (event) => {
   showReloadDetails(event.currentTarget.getAttribute("aria-expanded") !== "true");
 });
 mountModels(store);
+mountMemory(store);
 mountQueue(store);
 const activity = mountActivity(store);
 const logs = mountLogs(store);
@@ -273,4 +276,5 @@ setUpTabs((name) => {
 });
 renderConnection();
 follow();
+followResources(store);
 showVersion();

@@ -62,3 +62,24 @@ export function ago(ms) {
 export function plural(count, one, many = `${one}s`) {
   return `${count} ${count === 1 ? one : many}`;
 }
+
+// "8.0 GiB", "12 GiB", "512 MiB": a size in bytes, as llamaswap's log writes it
+// (resources/book.py format_size): one decimal below 10 of a unit, none above.
+export function size(bytes) {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) return "—";
+  for (const [unit, scale] of [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+    if (bytes >= scale) {
+      return bytes < 10 * scale ? `${(bytes / scale).toFixed(1)} ${unit}` : `${Math.floor(bytes / scale)} ${unit}`;
+    }
+  }
+  return `${bytes} B`;
+}
+
+// "about 4 s", "about 3 min": an estimate, never more precise than it is. The number
+// keeps its unit (a no-break space) where the text wraps.
+export function about(ms) {
+  const s = Math.round(ms / 1000);
+  if (s < 1) return "any moment";
+  if (s < 90) return `about ${s}\u00a0s`;
+  return `about ${Math.round(s / 60)}\u00a0min`;
+}

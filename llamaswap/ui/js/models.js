@@ -1,5 +1,6 @@
-// Models: each model's state, live, with its load time, TTL, requests, and the buttons
-// to load it, unload it, or cancel its load.
+// Models: each model's state, live, with its load time, TTL, requests, its memory (from
+// GET /api/resources, read by resources.js), and the buttons to load it, unload it, or
+// cancel its load. Its colour swatch is its colour on the memory bars.
 
 import * as api from "./api.js";
 import { $, batched, h, setAttr, setText, syncList, toast } from "./dom.js";
@@ -61,7 +62,7 @@ export function mountModels(store) {
       h(
         "div",
         { class: "model-head" },
-        h("span", { class: "model-name" }, id),
+        h("span", { class: "model-name" }, h("span", { class: "swatch", "data-role": "swatch", "aria-hidden": "true" }), id),
         h("span", { class: "state", "data-role": "state" }),
       ),
       h("div", { class: "model-title", "data-role": "title" }),
@@ -80,6 +81,12 @@ export function mountModels(store) {
         h("dd", { "data-role": "ttl" }),
         h("dt", {}, "PID"),
         h("dd", { "data-role": "pid" }),
+        h(
+          "div",
+          { class: "facts-row", "data-role": "memory-facts" },
+          h("dt", {}, "Memory"),
+          h("dd", { class: "wide" }, h("span", { "data-role": "memory" }), h("span", { "data-role": "held" })),
+        ),
       ),
       h(
         "div",
@@ -98,6 +105,26 @@ export function mountModels(store) {
 
   const part = (el, role) => el.querySelector(`[data-role="${role}"]`);
 
+  // Its need (declared in the config, or learned from the GPU) and what it holds now,
+  // summed over its devices; the titles have them device by device.
+  function updateMemory(el, entry) {
+    // Nothing to say where llamaswap knows of no device (no GPU probe, none declared).
+    part(el, "memory-facts").hidden = !store.resources?.devices?.length;
+    const total = (sizes) => Object.values(sizes).reduce((a, b) => a + b, 0);
+    const byDevice = (sizes) => Object.entries(sizes).map(([device, bytes]) => `${fmt.size(bytes)} on ${device}`).join(", ");
+    const need = entry?.memory ?? null;
+    const held = entry?.memory_held ?? {};
+    const memory = part(el, "memory");
+    let text = "—";
+    if (entry !== undefined) text = need === null ? "needs: unknown" : `needs ${fmt.size(total(need))} (${entry.memory_source})`;
+    setText(memory, text);
+    setAttr(memory, "title", need === null ? (entry ? "not declared, and not learned yet" : null) : `needs ${byDevice(need)} (${entry.memory_source})`);
+    const holds = part(el, "held");
+    const holding = Object.keys(held).length > 0;
+    setText(holds, holding ? ` · holds ${fmt.size(total(held))}` : "");
+    setAttr(holds, "title", holding ? `holds ${byDevice(held)}, measured` : null);
+  }
+
   function update(el, model) {
     const now = store.now(); // stopped while the page is stale
     const info = store.listed.get(model.id);
@@ -108,6 +135,8 @@ export function mountModels(store) {
     setText(part(el, "title"), info && info.name !== model.id ? info.name : info ? "" : "unlisted");
     setAttr(part(el, "title"), "title", info?.description || null);
     setText(part(el, "pid"), model.pid ?? "—");
+    part(el, "swatch").dataset.colour = store.colour(model.id);
+    updateMemory(el, store.resources?.models?.[model.id]);
     const since = part(el, "since");
     setText(since, model.loadedSince === null ? "—" : `${fmt.ago(now - model.loadedSince)} ago`);
     setAttr(since, "title", model.loadedSince === null ? null : `ready since ${fmt.clock(model.loadedSince)}`);
@@ -152,7 +181,7 @@ export function mountModels(store) {
   });
 
   store.on((what) => {
-    if (["snapshot", "models", "requests", "tick", "connection"].includes(what)) render();
+    if (["snapshot", "models", "requests", "resources", "tick", "connection"].includes(what)) render();
   });
   render();
 }

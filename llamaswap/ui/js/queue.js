@@ -1,9 +1,10 @@
 // Queue: depth and oldest wait per band; the waiting requests in the order the scheduler
-// will serve them, with their scores; the requests loading or being served. Each has a
-// Cancel button (POST /api/inflight/{id}/cancel: its client gets a 499).
+// will serve them, with their scores and, where llamaswap estimates it, a bar of how far
+// each is from starting; the requests loading or being served. Each has a Cancel button
+// (POST /api/inflight/{id}/cancel: its client gets a 499).
 
 import * as api from "./api.js";
-import { $, batched, h, setText, syncList, toast } from "./dom.js";
+import { $, batched, h, setAttr, setText, syncList, toast } from "./dom.js";
 import * as fmt from "./format.js";
 
 const FINISHED = new Set(["done", "failed", "cancelled"]);
@@ -32,6 +33,28 @@ export function mountQueue(store) {
   const waited = (request) =>
     request.state === "queued" ? request.waited_ms + (store.monoNow() - request.at) : request.waited_ms;
 
+  // How far a request is from starting, under its wait: a bar filled to waited /
+  // (waited + estimated time left), and "about N s". Nothing while llamaswap has no
+  // estimate (eta_seconds null, or absent). One waiting for its load has waited since it
+  // came, its time in the queue and since.
+  const etaBox = () =>
+    h(
+      "span",
+      { class: "eta", "data-role": "eta", hidden: true },
+      h("span", { class: "eta-bar", "aria-hidden": "true" }, h("span", { class: "eta-fill" })),
+      h("span", { class: "eta-text" }),
+    );
+
+  function updateEta(box, request) {
+    const left = store.etaLeft(request.id);
+    box.hidden = left === null;
+    if (left === null) return;
+    const spent = request.state === "loading" ? request.waited_ms + (store.monoNow() - request.at) : waited(request);
+    box.querySelector(".eta-fill").style.width = `${(100 * spent) / Math.max(1, spent + left)}%`;
+    setText(box.querySelector(".eta-text"), fmt.about(left));
+    setAttr(box, "title", `estimated to start in ${fmt.duration(left)}, after ${fmt.duration(spent)} waiting`);
+  }
+
   const cancelButton = (request) => {
     const button = h("button", { type: "button", class: "danger", "data-role": "cancel" }, "Cancel");
     button.setAttribute("aria-label", `Cancel request #${request.id}`);
@@ -57,12 +80,13 @@ export function mountQueue(store) {
       requestCell(request),
       bandCell(request),
       h("td", { class: "num", "data-role": "score" }),
-      h("td", { class: "num", "data-role": "waited" }),
+      h("td", { class: "num" }, h("span", { "data-role": "waited" }), etaBox()),
       h("td", {}, cancelButton(request)),
     );
   }
 
   function updateWaiting(row, entry) {
+    updateEta(row.querySelector('[data-role="eta"]'), entry.request);
     setText(row.querySelector('[data-role="pos"]'), entry.position);
     setText(row.querySelector('[data-role="score"]'), fmt.score(entry.score));
     setText(row.querySelector('[data-role="waited"]'), fmt.duration(waited(entry.request)));
@@ -74,7 +98,7 @@ export function mountQueue(store) {
       "tr",
       {},
       requestCell(request),
-      h("td", {}, h("span", { class: "state", "data-role": "state" })),
+      h("td", {}, h("span", { class: "state", "data-role": "state" }), etaBox()),
       bandCell(request),
       h("td", { class: "num", "data-role": "score" }),
       h("td", { class: "num opt", "data-role": "waited" }),
@@ -86,6 +110,10 @@ export function mountQueue(store) {
     const state = row.querySelector('[data-role="state"]');
     state.dataset.state = request.state;
     setText(state, request.state);
+    // Waiting for its load: how far from being served. Serving: nothing to estimate.
+    const eta = row.querySelector('[data-role="eta"]');
+    if (request.state === "loading") updateEta(eta, request);
+    else eta.hidden = true;
     setText(row.querySelector('[data-role="score"]'), fmt.score(request.score));
     setText(row.querySelector('[data-role="waited"]'), fmt.duration(waited(request)));
     row.querySelector('[data-role="cancel"]').disabled = store.stale || cancelling.has(request.id);
@@ -158,7 +186,7 @@ export function mountQueue(store) {
   store.on((what, detail) => {
     if (what === "requests" && FINISHED.has(detail.state)) cancelling.delete(detail.id);
     if (what === "snapshot") cancelling.clear(); // the snapshot says what is left (IDs may start again)
-    if (["snapshot", "queue", "requests", "tick", "connection"].includes(what)) render();
+    if (["snapshot", "queue", "requests", "etas", "tick", "connection"].includes(what)) render();
   });
   render();
 }

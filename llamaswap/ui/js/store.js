@@ -7,7 +7,9 @@
 // this page's clock as they arrive, so that a countdown runs on between events. How long
 // a load took is the page's own measure: from its "starting" event to its "ready" event.
 // GET /v1/models (names, descriptions, which models are listed) is read with each
-// snapshot (the app reconnects after a reload), never on a timer.
+// snapshot (the app reconnects after a reload), never on a timer. What the events do not
+// carry, the devices' memory (GET /api/resources) and the estimates of when each waiting
+// request starts (GET /api/inflight), is read by resources.js.
 
 import * as api from "./api.js";
 
@@ -27,6 +29,8 @@ export class Store {
     this.lastReload = null;
     this.listed = new Map(); // /v1/models entries of local models, by ID
     this.peers = [];
+    // The last GET /api/resources (null: none yet, or a llamaswap without the route).
+    this.resources = null;
     this.reset();
   }
 
@@ -36,6 +40,9 @@ export class Store {
     this.requests = new Map();
     this.queue = { waiting: 0, loading: 0, bands: {}, order: [], scores: [], at: performance.now() };
     this.activity = [];
+    // Request ID -> {seconds, at}: when it is estimated to start, as llamaswap said at
+    // `at` (this page's clock); counted down here until the next estimate.
+    this.etas = new Map();
   }
 
   on(listener) {
@@ -80,12 +87,14 @@ export class Store {
       case "request":
         return this.onRequest(event);
       case "queue":
-        this.queue = { ...event, scores: event.scores ?? [], at: performance.now() };
+        this.onQueue(event);
         return this.emit("queue");
       case "activity":
         this.activity.unshift(event.record);
         this.activity.length = Math.min(this.activity.length, ACTIVITY_KEPT);
         return this.emit("activity", event.record);
+      case "load":
+        return this.emit("load", event); // a load began: what it needs and evicts is in /api/resources
       case "reload":
         // Models may have come or gone: the app reconnects for a fresh snapshot.
         this.lastReload = { ...event, at: Date.now() };
@@ -103,11 +112,19 @@ export class Store {
       this.follow(this.model(entry.model, previous.get(entry.model)), entry);
     }
     for (const request of event.requests) this.requests.set(request.id, this.stamp(request));
-    this.queue = { ...event.queue, scores: event.queue.scores ?? [], at: performance.now() };
+    this.onQueue(event.queue);
     this.activity = [...event.activity];
     this.synced = true;
     this.emit("snapshot");
     this.refreshModels();
+  }
+
+  // The queue, and when each waiting request is estimated to start (eta_ms, by ID).
+  onQueue(queue) {
+    this.queue = { ...queue, scores: queue.scores ?? [], at: performance.now() };
+    for (const [id, ms] of Object.entries(queue.eta_ms ?? {})) {
+      this.setEta(Number(id), ms === null ? null : ms / 1000);
+    }
   }
 
   onModel(event) {
@@ -137,13 +154,48 @@ export class Store {
   }
 
   onRequest(event) {
-    if (FINISHED.has(event.state)) this.requests.delete(event.id);
-    else this.requests.set(event.id, this.stamp(event));
+    if (FINISHED.has(event.state)) {
+      this.requests.delete(event.id);
+      this.etas.delete(event.id);
+    } else {
+      this.requests.set(event.id, this.stamp(event));
+      if (event.eta_seconds !== undefined) this.setEta(event.id, event.eta_seconds);
+    }
     this.emit("requests", event);
   }
 
   stamp(request) {
     return { ...request, at: performance.now() };
+  }
+
+  // ------------------------------------------------------------- estimates
+
+  setEta(id, seconds) {
+    if (seconds === null || seconds === undefined) this.etas.delete(id);
+    else this.etas.set(id, { seconds, at: performance.now() });
+  }
+
+  // What /api/inflight says now (read while requests wait, so that an estimate is
+  // corrected between queue events): its estimates replace the page's.
+  setEtas(entries) {
+    this.etas = new Map();
+    for (const entry of entries) {
+      if (this.requests.has(entry.id)) this.setEta(entry.id, entry.eta_seconds);
+    }
+    this.emit("etas");
+  }
+
+  // Milliseconds until request `id` is estimated to start, counted down from the last
+  // estimate (0 once that moment has passed); null when llamaswap gave none.
+  etaLeft(id) {
+    const eta = this.etas.get(id);
+    if (eta === undefined) return null;
+    return Math.max(0, eta.seconds * 1000 - (this.monoNow() - eta.at));
+  }
+
+  setResources(document) {
+    this.resources = document;
+    this.emit("resources");
   }
 
   // ------------------------------------------------------------------ models
@@ -167,6 +219,14 @@ export class Store {
       this.models.set(id, model);
     }
     return model;
+  }
+
+  // A model's colour, 0 to 7: its place among the models llamaswap knows, in ID order, so
+  // that its card and its part of a memory bar match.
+  colour(id) {
+    const ids = [...this.models.keys()].sort((a, b) => a.localeCompare(b));
+    const at = ids.indexOf(id);
+    return (at === -1 ? ids.length : at) % 8;
   }
 
   // Shown: every model /v1/models lists, and any other that is running (unlisted ones).
