@@ -2,9 +2,10 @@
 
 Ownership: ``ModelSupervisor.run`` owns a nursery for as long as llamaswap serves. Each
 start of the model's server is one *run*: a task in that nursery that spawns the process,
-captures its output, polls readiness, waits for the exit, and in its ``finally`` always
-stops and reaps the process (shielded, bounded by ``unloadTimeout`` then SIGKILL). Stopping
-a model is cancelling its run's cancel scope, with the reason.
+captures its output, polls readiness (and probes at once when the server prints), waits
+for the exit, and in its ``finally`` always stops and reaps the process (shielded, bounded
+by ``unloadTimeout`` then SIGKILL). Stopping a model is cancelling its run's cancel scope,
+with the reason.
 
 Callers never touch the process. ``ensure_ready()`` starts the model or joins the start
 in progress (and waits out a stop in progress first), so it never acts on a stale state;
@@ -41,6 +42,11 @@ output_logger = logging.getLogger("llamaswap.process.output")
 
 #: Seconds between readiness probes: readiness is seen well within 100 ms of turning healthy.
 HEALTH_POLL_INTERVAL = 0.02
+#: A starting server that prints a line is probed again at once (servers say when they are
+#: ready: llama-server prints "model loaded" the moment its /health turns 200), but no sooner
+#: than this many seconds after the last probe ended: a server printing its load log line
+#: by line then costs a probe per 2 ms at most, not one per line.
+OUTPUT_PROBE_GAP = 0.002
 #: Lines of output quoted in a start failure.
 LOG_TAIL_LINES = 5
 #: Seconds a request whose connection to the server broke waits to see if it died.
@@ -85,6 +91,7 @@ class _Run:
     settled: trio.Event = attrs.field(factory=trio.Event)  # ready, or failed
     stopped: trio.Event = attrs.field(factory=trio.Event)  # reaped
     output_closed: trio.Event = attrs.field(factory=trio.Event)
+    printed: trio.Event = attrs.field(factory=trio.Event)  # output since the last probe began
     error: RequestError | None = None
     waiters: int = 0
     exited: trio.Event = attrs.field(factory=trio.Event)  # by itself, once ready
@@ -114,7 +121,8 @@ class ModelSupervisor:
         wanted: the number of requests for this model, waiting or being served (at least
             ``in_flight``): the TTL does not run while there are any. Call
             ``requests_changed`` whenever it changes too.
-        poll_interval: seconds between readiness probes.
+        poll_interval: seconds between readiness probes (a starting server that prints
+            is probed at once too, ``OUTPUT_PROBE_GAP`` after the last probe at the soonest).
     """
 
     def __init__(
@@ -418,8 +426,14 @@ class ModelSupervisor:
         return sink
 
     async def _capture_output(self, run: _Run, process: ProcessHandle) -> None:
+        sink = self._sink("")
+
+        def line(text: str) -> None:
+            sink(text)
+            run.printed.set()  # a starting server is probed again (_await_ready)
+
         try:
-            await process.pump_output(self._sink(""))
+            await process.pump_output(line)
         finally:
             run.output_closed.set()
 
@@ -429,7 +443,8 @@ class ModelSupervisor:
             await run.output_closed.wait()
 
     async def _await_ready(self, run: _Run, process: ProcessHandle) -> ModelStartFailed | None:
-        """Poll the check endpoint; the failure if the process exits or the deadline passes."""
+        """Poll the check endpoint, and probe it again whenever the server prints; the
+        failure if the process exits or the deadline passes."""
         url = self.config.health_url
         if url is None:
             return None
@@ -442,8 +457,16 @@ class ModelSupervisor:
 
             nursery.start_soon(watch_exit)
             with trio.move_on_after(self._health_check_timeout):
-                while not await self._probe(url):  # noqa: ASYNC110 (polling HTTP is the point)
-                    await trio.sleep(self._poll_interval)
+                while True:
+                    run.printed = trio.Event()  # what is printed from now on is news
+                    if await self._probe(url):
+                        break
+                    # The next probe: at the next poll, or once the server prints (what
+                    # it printed during this probe counts), but not within the gap.
+                    ended = trio.current_time()
+                    with trio.move_on_at(ended + self._poll_interval):
+                        await run.printed.wait()
+                        await trio.sleep_until(ended + OUTPUT_PROBE_GAP)
                 ready = True
             nursery.cancel_scope.cancel(reason="readiness decided")
         if ready:
