@@ -92,6 +92,8 @@ logger = logging.getLogger("llamaswap.router")
 
 #: Seconds a request cancelled at the end of the shutdown grace has to tell its client.
 CANCEL_GRACE = 2.0
+#: The route of a load asked for by name (``POST /api/models/load/{model}``).
+LOAD_ROUTE = "POST /api/models/load/"
 #: Why a reload's removed model stops, and its requests fail.
 REMOVED = "removed from the configuration"
 
@@ -404,7 +406,7 @@ class Router:
         if lease.state is RequestState.SERVING:
             ticket = lease.ticket
             model = ticket.model
-            if ticket.needs_slot and ticket.granted_at is not None:
+            if ticket.needs_slot and ticket.granted_at is not None and _serves(lease.route):
                 self.resources.served(model, trio.current_time() - ticket.granted_at)
             self._leases.release(lease)
             self._tell("done", lease)
@@ -768,6 +770,12 @@ class Router:
         self._supervisor_scopes.pop(model).cancel(reason=f"model {model!r}: {REMOVED}")
         logger.debug("model %r forgotten: removed, stopped, no request left", model)
         self._emit(ModelForgotten(model))
+
+
+def _serves(route: str) -> bool:
+    """Whether a request to ``route`` is served by its model (its time is a serve time):
+    not a load asked for by name (``Router.load``'s requests have no route)."""
+    return bool(route) and not route.startswith(LOAD_ROUTE)
 
 
 @final

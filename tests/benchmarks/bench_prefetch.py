@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import ctypes
 import http.client
+import importlib.util
 import math
 import mmap
 import os
@@ -55,9 +56,14 @@ def write_model(path: Path, size: int) -> None:
     """A llama GGUF of at least ``size`` bytes: as many f32 layers as it takes."""
     import gguf
 
-    from examples.tiny_model import BOS, EOS, UNK, vocabulary
+    # By path: mypy reads examples/ as top-level modules, so no package import of it.
+    spec = importlib.util.spec_from_file_location("tiny_model", REPO / "examples/tiny_model.py")
+    assert spec is not None
+    assert spec.loader is not None
+    tiny_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny_model)
 
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = tiny_model.vocabulary()
     per_layer = 4 * (4 * EMBEDDING * EMBEDDING + 3 * EMBEDDING * FEED_FORWARD)
     layers = max(1, math.ceil(size / per_layer))
     rng = np.random.default_rng(28)
@@ -83,9 +89,9 @@ def write_model(path: Path, size: int) -> None:
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    writer.add_unk_token_id(UNK)
-    writer.add_bos_token_id(BOS)
-    writer.add_eos_token_id(EOS)
+    writer.add_unk_token_id(tiny_model.UNK)
+    writer.add_bos_token_id(tiny_model.BOS)
+    writer.add_eos_token_id(tiny_model.EOS)
     ones = np.ones(EMBEDDING, dtype=np.float32)
     writer.add_tensor("token_embd.weight", weight(len(tokens), EMBEDDING))
     for layer in range(layers):

@@ -312,7 +312,12 @@ async def test_models_list_their_state_before_and_after_a_load(proxy_factory: St
             assert (await client.post("/api/models/load/alpha")).status_code == 200
             after = time.time()
             loaded = await meta(client)
-    nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None}
+    unknown: dict[str, Any] = {
+        "memory": None,
+        "memory_source": None,
+        "memory_held": {},
+    }  # no GPU probe
+    nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None, **unknown}
     assert stopped == {
         "alpha": {"family": "test", "llamaswap": {**nothing, "ttl": 300}},
         "beta": {"llamaswap": nothing},
