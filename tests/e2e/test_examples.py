@@ -119,3 +119,26 @@ async def test_quickstart_serves_two_models_with_a_swap(proxy_factory: StartProx
             running = {e["model"] for e in (await client.get("/running")).json()["running"]}
             assert running == {"coder", "embed"}  # chat swapped out, embed persists
     await proxy.output.wait_for(r"model 'chat': stopping \(evicted for 'coder'\)")
+
+
+async def test_the_memory_example_runs_what_fits_and_evicts_to_make_room(
+    proxy_factory: StartProxy,
+) -> None:
+    text = (REPO / "examples" / "memory.toml").read_text()
+    text = re.sub(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)
+    proxy = await proxy_factory(text)
+    async with proxy.client() as client:
+
+        async def running() -> set[str]:
+            return {e["model"] for e in (await client.get("/running")).json()["running"]}
+
+        with trio.fail_after(60):
+            for model in ("chat", "embed", "coder"):
+                loaded = await client.post(f"/api/models/load/{model}")
+                assert loaded.status_code == 200, loaded.text
+            assert await running() == {"chat", "embed", "coder"}  # 22 GiB of 23.5
+            assert (await client.post("/api/models/load/big")).status_code == 200
+            assert await running() == {"big", "embed"}
+    await proxy.output.wait_for(
+        r"loading model 'big' \(needs 20 GiB on gpu0, declared\), evicting \['chat', 'coder'\]"
+    )
