@@ -218,7 +218,7 @@ async def serve(
     ):
         gpu, absent = await trio.to_thread.run_sync(open_probe)
         if gpu is None:
-            logger.info("no GPU figures: %s", absent)
+            logger.debug("no GPU figures: %s", absent)  # /api/resources says so too
         resources = Resources(config, gpu, absent=absent, store=store)
         router = Router(
             config,

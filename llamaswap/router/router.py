@@ -449,7 +449,7 @@ class Router:
 
     async def load(self, model: str, *, priority: int = 0) -> None:
         """Make ``model`` ready, queued like a request (``POST /api/models/load``)."""
-        async with self.acquire(self.lease(model, priority=priority)):
+        async with self.acquire(self.lease(model, priority=priority, route=LOAD_ROUTE + model)):
             pass
 
     async def unload(self, models: Collection[str] | None = None) -> list[str]:
@@ -774,8 +774,8 @@ class Router:
 
 def _serves(route: str) -> bool:
     """Whether a request to ``route`` is served by its model (its time is a serve time):
-    not a load asked for by name (``Router.load``'s requests have no route)."""
-    return bool(route) and not route.startswith(LOAD_ROUTE)
+    not a load asked for by name (``Router.load``, ``POST /api/models/load``)."""
+    return not route.startswith(LOAD_ROUTE)
 
 
 @final
