@@ -15,6 +15,7 @@ import json
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from llamaswap.resources.probe import FAKE_GPU_ENV, NVML_MISSING
+from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import (
     REPO,
     ProxyProcess,
@@ -305,3 +307,33 @@ async def test_without_a_probe_the_reason_is_given_and_no_gpu_series_exist(
     assert not [line for line in metrics.splitlines() if line.startswith("llamaswap_gpu_")]
     assert not [name for name, _, _ in series if name.startswith("llamaswap_gpu_")]
     assert not [labels for name, labels, _ in series if name == "llamaswap_model_memory_bytes"]
+
+
+async def test_the_model_the_queue_loads_next_has_its_weights_read_ahead(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    weights = tmp_path / "b.gguf"
+    weights.write_bytes(os.urandom(4 * 2**20))
+    proxy = await proxy_factory(
+        config(
+            f"""
+[models.a]
+cmd = "${{fake}} --tokens-per-second 20"
+[models.b]
+cmd = "${{fake}}"
+files = [{json.dumps(str(weights))}]
+"""
+        )
+    )
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            assert (await client.post("/api/models/load/a")).status_code == 200
+            # a serves a long answer (100 tokens at 20/s): b waits for it, next to load.
+            long = partial(client.post, "/v1/chat/completions", json=chat("a", max_tokens=100))
+            nursery.start_soon(long)
+            # No event to wait on: poll until a's request is being served.
+            while not (await client.get("/api/inflight")).json()["inflight"]:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            nursery.start_soon(partial(client.post, "/v1/chat/completions", json=chat("b")))
+            await proxy.output.wait_for(r"prefetched 4\.0 MiB of 'b''s weights in")
+            nursery.cancel_scope.cancel()
