@@ -104,10 +104,10 @@ class FigureStore(Protocol):
 
 
 def format_size(size: int) -> str:
-    """``8.0 GiB``, ``512 MiB``: a size for people."""
+    """``8 GiB``, ``23.5 GiB``, ``512 MiB``: a size for people, to a tenth of its unit."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if size >= scale:
-            return f"{size / scale:.1f} {unit}" if size < 10 * scale else f"{size // scale} {unit}"
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
     return f"{size} B"
 
 

@@ -26,7 +26,7 @@ import attrs
 from llamaswap.config import Config
 from llamaswap.config.model import DeviceConfig
 from llamaswap.config.values import parse_sizes_option
-from llamaswap.resources import Resources
+from llamaswap.resources import Resources, format_size
 
 __all__ = [
     "Budget",
@@ -36,20 +36,8 @@ __all__ = [
     "budgets_label",
     "needs",
     "parse_budget",
-    "size_text",
     "unfit",
 ]
-
-_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-
-
-def size_text(size: int) -> str:
-    """``24 GiB``, ``23.5 GiB``, ``10.25 GiB``: a size to two decimals at most, so that a
-    budget less its headroom reads as it is (``format_size`` rounds 23.5 GiB down)."""
-    for unit, scale in _UNITS:
-        if size >= scale:
-            return f"{size / scale:.2f}".rstrip("0").rstrip(".") + f" {unit}"
-    return f"{size} B"
 
 
 @attrs.frozen
@@ -62,7 +50,7 @@ class Budget:
     @property
     def label(self) -> str:
         """``gpu0=24 GiB, gpu1=8 GiB``."""
-        return ", ".join(f"{device}={size_text(s)}" for device, s in sorted(self.memory.items()))
+        return ", ".join(f"{device}={format_size(s)}" for device, s in sorted(self.memory.items()))
 
     def applied(self, config: Config) -> Config:
         """``config`` with these devices' ``memory`` set."""
@@ -129,8 +117,8 @@ def unfit(config: Config) -> list[str]:
             budget = resources.budget(device)
             if budget is not None and size > budget:
                 found.append(
-                    f"model {model!r} needs {size_text(size)} on {device}, more than the "
-                    f"{size_text(budget)} of its budget even alone: its loads fail out of memory"
+                    f"model {model!r} needs {format_size(size)} on {device}, more than the "
+                    f"{format_size(budget)} of its budget even alone: its loads fail out of memory"
                 )
     return found
 
@@ -179,10 +167,10 @@ class DeviceMemory:
             used = self._used(device)
             if budget is not None and used + size > budget:
                 self.out_of_memory.append(model)
-                free = size_text(max(0, budget - used))
+                free = format_size(max(0, budget - used))
                 return (
-                    f"simulated: {device}: out of memory allocating {size_text(size)} "
-                    f"({free} free of a {size_text(budget)} budget)"
+                    f"simulated: {device}: out of memory allocating {format_size(size)} "
+                    f"({free} free of a {format_size(budget)} budget)"
                 )
         self._held[model] = sizes
         for device in sizes:

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from llamaswap.resources import format_size
 from llamaswap.schedulers import band_of
 
-from .memory import size_text
 from .run import Run
 
 __all__ = ["PLOT_FORMATS", "Figures", "figures", "plot", "plot_problem", "table"]
@@ -121,7 +121,7 @@ def _columns(rows: Sequence[Figures]) -> list[Column]:
         return lambda row: _cell(getattr(row, name))
 
     def peak(device: str) -> Callable[[Figures], str]:
-        return lambda row: "-" if not row.peaks else size_text(row.peaks.get(device, 0))
+        return lambda row: "-" if not row.peaks else format_size(row.peaks.get(device, 0))
 
     columns: list[Column] = [(title, plain(name)) for title, name in _COLUMNS]
     if all(row.memory is None for row in rows):

@@ -1122,7 +1122,7 @@ memory = "12GiB"
             expect(device.locator(".device-label")).to_have_text("Fake GPU")
             # Nothing runs: the whole budget is free, nothing is drawn.
             expect(device.locator(".mem-legend")).to_have_text(
-                "23 GiB free of a 23 GiB budget (headroom 512 MiB)", timeout=WAIT
+                "23.5 GiB free of a 23.5 GiB budget (headroom 512 MiB)", timeout=WAIT
             )
             expect(device.locator(".mem-part")).to_have_count(0)
             card = tab.model("chat")
@@ -1135,7 +1135,11 @@ memory = "12GiB"
             expect(need).to_have_text("coder needs 12 GiB", timeout=WAIT)
             expect(need).to_have_class(re.compile(r"\bover\b"))  # past the budget
             expect(device.locator(".mem-legend li")).to_have_text(
-                ["chat 14 GiB", "coder needs 12 GiB", re.compile(r"^9\.\d GiB free of a 23 GiB")]
+                [
+                    "chat 14 GiB",
+                    "coder needs 12 GiB",
+                    re.compile(r"^9(\.\d)? GiB free of a 23\.5 GiB"),
+                ]
             )
             expect(device.locator(".device-sum")).to_have_text("14 GiB used of 24 GiB")
             expect(card.locator('[data-role="held"]')).to_have_text(" · holds 14 GiB")
@@ -1220,15 +1224,15 @@ async def test_without_a_gpu_probe_the_memory_bar_says_why(
         tab.open()
         device = page.locator("#devices .device")
         expect(device.locator(".mem-part.counted")).to_have_text(
-            "beta 8.0 GiB declared", timeout=WAIT
+            "beta 8 GiB declared", timeout=WAIT
         )
         expect(device.locator(".mem-part.held")).to_have_count(0)  # nothing measured
         expect(device.locator(".mem-legend li").last).to_have_text(
-            "15 GiB free of a 23 GiB budget (headroom 512 MiB)"
+            "15.5 GiB free of a 23.5 GiB budget (headroom 512 MiB)"
         )
         expect(page.locator("#memory-note")).to_have_text(f"No GPU figures: {absent}.")
         expect(tab.model("beta").locator('[data-role="memory"]')).to_have_text(
-            "needs 8.0 GiB (declared)"
+            "needs 8 GiB (declared)"
         )
         page.locator("#models-panel").screenshot(path=tmp_path / "memory-declared.png")
         assert tab.errors == []
@@ -1310,7 +1314,7 @@ use = "serial"
             )
             memory = page.locator("#memory")
             expect(memory.locator(".mem-part.held")).to_have_text(
-                ["chat 14 GiB", "embed 2.0 GiB"], timeout=WAIT
+                ["chat 14 GiB", "embed 2 GiB"], timeout=WAIT
             )
             expect(memory.locator(".mem-part.need")).to_have_text("coder needs 12 GiB")
             # Each waiting request's estimate (llamaswap's, from the history above).

@@ -63,13 +63,13 @@ export function plural(count, one, many = `${one}s`) {
   return `${count} ${count === 1 ? one : many}`;
 }
 
-// "8.0 GiB", "12 GiB", "512 MiB": a size in bytes, as llamaswap's log writes it
-// (resources/book.py format_size): one decimal below 10 of a unit, none above.
+// "8 GiB", "23.5 GiB", "512 MiB": a size in bytes, as llamaswap's log writes it
+// (resources/book.py format_size): to a tenth of its unit, ".0" left out.
 export function size(bytes) {
   if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) return "—";
   for (const [unit, scale] of [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
     if (bytes >= scale) {
-      return bytes < 10 * scale ? `${(bytes / scale).toFixed(1)} ${unit}` : `${Math.floor(bytes / scale)} ${unit}`;
+      return `${(bytes / scale).toFixed(1).replace(/\.0$/, "")} ${unit}`;
     }
   }
   return `${bytes} B`;
