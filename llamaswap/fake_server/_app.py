@@ -53,6 +53,8 @@ class Options:
     memory: Mapping[str, int] = attrs.field(factory=dict)
     #: ``--gpu-dir``: the GPU probe's test double (``FileProbe``) it allocates in.
     gpu_dir: str | None = None
+    #: ``--cuda``: allocate ``memory`` for real, on the GPUs, with PyTorch.
+    cuda: bool = False
 
 
 def say(line: str) -> None:

@@ -23,7 +23,7 @@ from llamaswap.config.values import parse_sizes_option
 from llamaswap.resources.probe import FAKE_GPU_ENV
 
 from ._app import FakeServer, Options, complain, say
-from ._gpu import OutOfMemory, allocate, release
+from ._gpu import OutOfMemory, allocate, allocate_cuda, release
 
 # --- process lifetime -------------------------------------------------------------------------
 
@@ -87,7 +87,17 @@ async def _run(options: Options) -> int:
                     exit_code = 1
                     nursery.cancel_scope.cancel(reason="simulated load failure")
                     return
-                if options.memory and options.gpu_dir:  # after the load, as llama.cpp
+                if options.memory and options.cuda:
+                    try:
+                        tensors = await trio.to_thread.run_sync(allocate_cuda, options.memory)
+                    except Exception as exc:  # torch.OutOfMemoryError: say it as PyTorch does
+                        kind = type(exc)
+                        complain(f"{kind.__module__}.{kind.__qualname__}: {exc}")
+                        exit_code = 1
+                        nursery.cancel_scope.cancel(reason="allocation failed")
+                        return
+                    cleanup.callback(tensors.clear)
+                elif options.memory and options.gpu_dir:  # after the load, as llama.cpp
                     try:
                         allocation = await trio.to_thread.run_sync(
                             allocate, Path(options.gpu_dir), options.memory
@@ -183,6 +193,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     add("--gpu-dir", metavar="DIR",
         help="the GPU probe's test double to allocate --memory in (devices.json, PID.json); "
         "default: $LLAMASWAP_FAKE_GPU")
+    add("--cuda", action="store_true",
+        help="allocate --memory for real on the GPUs (gpuN is cuda:N) with PyTorch, held "
+        "until exit; PyTorch's out-of-memory error is printed and the server exits 1")
     # fmt: on
     args = parser.parse_args(argv)
     if args.port > 65535:

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["OutOfMemory", "allocate", "release"]
+__all__ = ["OutOfMemory", "allocate", "allocate_cuda", "release"]
 
 _MIB = 2**20
 _GPU = re.compile(r"gpu(\d+)")
@@ -117,3 +117,21 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
+def allocate_cuda(sizes: Mapping[str, int]) -> list[object]:
+    """Allocate ``sizes`` for real (``--cuda``): ``gpuN`` on PyTorch's ``cuda:N``, every
+    byte written so that the driver backs it. The caller keeps the tensors for as long as
+    the memory is to be held. Raises PyTorch's error (``torch.OutOfMemoryError``)."""
+    import torch  # only on a machine with a GPU and PyTorch: not a dependency
+
+    tensors: list[object] = []
+    for device, size in sizes.items():
+        match = _GPU.fullmatch(device)
+        if match is None:
+            raise ValueError(f"--cuda allocates on gpuN devices only, not {device!r}")
+        tensor = torch.empty(size, dtype=torch.uint8, device=f"cuda:{match[1]}")
+        tensor.fill_(1)
+        torch.cuda.synchronize(tensor.device)
+        tensors.append(tensor)
+    return tensors

@@ -62,7 +62,7 @@ class Need:
     source: Source
 
     def describe(self) -> str:
-        """``8.0 GiB on gpu0, declared``."""
+        """``8 GiB on gpu0, declared``."""
         sizes = ", ".join(f"{format_size(s)} on {d}" for d, s in sorted(self.sizes.items()))
         return f"{sizes}, {self.source}"
 
