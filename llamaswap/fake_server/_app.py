@@ -25,6 +25,8 @@ from ._content import (
     BadRequest,
     Completion,
     called_tool,
+    chat_continuation,
+    completion_continuation,
     dumps,
     embedding,
     error,
@@ -55,6 +57,8 @@ class Options:
     gpu_dir: str | None = None
     #: ``--cuda``: allocate ``memory`` for real, on the GPUs, with PyTorch.
     cuda: bool = False
+    #: ``--ignore-prefill``: a chat's final assistant message does not continue the answer.
+    ignore_prefill: bool = False
 
 
 def say(line: str) -> None:
@@ -258,11 +262,21 @@ class FakeServer:
                 for m in messages
                 if isinstance(m, dict) and m.get("role") == "user"
             ]
-            seed_text = users[-1] if users else ""
+            question = users[-1] if users else ""
+            # A final assistant message is a prefill: the answer continues it, unless
+            # --ignore-prefill makes this a server that answers from scratch regardless.
+            last = messages[-1] if messages else None
+            prefill = None
+            if isinstance(last, dict) and last.get("role") == "assistant":
+                prefill = text_of(last.get("content"))
+            if prefill is None or self.options.ignore_prefill:
+                prefill = ""
+            seed, start = chat_continuation(self.options.model_name, question, prefill)
             prefix = "msg" if kind == "messages" else "chatcmpl"
         else:
             texts = prompt_texts(body.get("prompt", ""))
-            seed_text = texts[-1] if texts else ""
+            prompt = texts[-1] if texts else ""
+            seed, start = completion_continuation(self.options.model_name, prompt)
             prefix = "cmpl"
         stream_options = body.get("stream_options")
         include_usage = isinstance(stream_options, dict) and bool(
@@ -278,7 +292,8 @@ class FakeServer:
             model=name,
             created=int(time.time()),
             prompt_tokens=sum(len(text.split()) for text in texts),
-            seed=f"{name}\0{seed_text}",
+            seed=seed,
+            start=start,
             tokens=count,
             finish_reason=finish_reason,
             stream=body.get("stream") is True,

@@ -181,6 +181,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
         help="after generating N tokens of a response, exit at once with status 3")
     add("--ignore-sigterm", action="store_true",
         help="log SIGTERM and keep running (SIGKILL or SIGINT still stop it)")
+    add("--ignore-prefill", action="store_true",
+        help="answer a chat whose last message is the assistant's from scratch, as a server "
+        "without prefill support does, instead of continuing that message")
     add("--embedding-size", type=_number(int, minimum=1), default=8, metavar="N",
         help="length of /v1/embeddings vectors (default: %(default)s)")
     add("--parallel", type=count, default=0, metavar="N",

@@ -3,6 +3,15 @@ bodies.
 
 Pure functions and values, no I/O: the ASGI app in ``_app`` turns a request body into a
 :class:`Completion` and sends the bytes these helpers build.
+
+Continuation. An answer is an endless deterministic sequence of tokens (the first a bare
+word, each later one a space and a word) of which ``max_tokens`` decides only how many are
+sent, so a shorter answer is a prefix of a longer one. A request that carries the first *k*
+tokens of its own answer (a chat's final assistant message, llama-server's prefill, or a
+completion prompt with the text appended) gets tokens *k*+1 onward, which is what a
+proxy resuming a preempted generation relies on: prefix + continuation is the uninterrupted
+answer, token for token. :func:`chat_continuation` and :func:`completion_continuation`
+decide where an answer starts; both cost time linear in the text they inspect.
 """
 
 from __future__ import annotations
@@ -45,13 +54,97 @@ def error(message: str, kind: str) -> dict[str, Any]:
 # --- deterministic content ------------------------------------------------------------------
 
 
-def _words(seed_text: str, count: int) -> Iterator[str]:
-    """Yield ``count`` token strings: the first a bare word, the rest a space and a word."""
-    state = zlib.crc32(seed_text.encode())
-    for index in range(count):
+_VOCABULARY: Final = frozenset(_WORDS)
+_WORD_LENGTHS: Final = sorted({len(word) for word in _WORDS})
+
+
+def seed(model: str, text: str) -> str:
+    """What an answer is derived from: the model's name and the text it answers."""
+    return f"{model}\0{text}"
+
+
+def _generate(state: int, count: int, start: int) -> Iterator[str]:
+    """Tokens ``start`` to ``start + count - 1`` of the answer whose generator starts at
+    ``state`` (a CRC-32): token 0 a bare word, every later one a space and a word. Token *i*
+    never depends on ``count``."""
+    for index in range(start + count):
         state = (state * 1103515245 + 12345) & 0x7FFFFFFF
-        word = _WORDS[(state >> 8) % len(_WORDS)]
-        yield word if index == 0 else " " + word
+        if index >= start:
+            word = _WORDS[(state >> 8) % len(_WORDS)]
+            yield word if index == 0 else " " + word
+
+
+def answer(seed_text: str, count: int, start: int = 0) -> Iterator[str]:
+    """Tokens ``start`` to ``start + count - 1`` of the answer to ``seed_text``, lazily."""
+    return _generate(zlib.crc32(seed_text.encode()), count, start)
+
+
+def _prefix_tokens(state: int, text: str, position: int = 0) -> int | None:
+    """How many tokens of the answer starting at ``state`` ``text[position:]`` is, exactly;
+    None if it is not a whole number of them. Every token has a character at least, so
+    this reads at most ``len(text) - position`` of them."""
+    tokens = 0
+    for token in _generate(state, len(text) - position, 0):
+        if position == len(text):
+            break
+        if not text.startswith(token, position):
+            return None
+        position += len(token)
+        tokens += 1
+    return tokens if position == len(text) else None
+
+
+def chat_continuation(model: str, question: str, prefill: str) -> tuple[str, int]:
+    """The seed and first token of a chat answer to ``question`` whose final assistant
+    message (a prefill) is ``prefill``.
+
+    A prefill that is exactly the first *k* tokens of the answer (``""`` is *k* = 0)
+    continues that answer from token *k*. Any other prefill continues deterministically
+    from itself: the words of the answer seeded with the question *and* the prefill, from
+    that answer's second token on, so each starts with a space.
+    """
+    base = seed(model, question)
+    tokens = _prefix_tokens(zlib.crc32(base.encode()), prefill)
+    if tokens is not None:
+        return base, tokens
+    return f"{base}\0{prefill}", 1
+
+
+def _continuation_splits(prompt: str) -> list[tuple[int, int]]:
+    """``(split, k)`` for every ``split`` where ``prompt[split:]`` has the shape of *k*
+    tokens, a vocabulary word then *k* - 1 times a space and a word; longest first."""
+    splits = []
+    end, spaced = len(prompt), 0  # where the bare first token ends; the spaced ones after it
+    while True:
+        for length in _WORD_LENGTHS:
+            if length <= end and prompt[end - length : end] in _VOCABULARY:
+                splits.append((end - length, spaced + 1))
+        space = prompt.rfind(" ", 0, end)
+        if space < 0 or prompt[space + 1 : end] not in _VOCABULARY:
+            break
+        end, spaced = space, spaced + 1
+    splits.sort()
+    return splits
+
+
+def completion_continuation(model: str, prompt: str) -> tuple[str, int]:
+    """The seed and first token of the answer to a completion ``prompt``.
+
+    The rule: the longest suffix of ``prompt`` that is exactly the first *k* >= 1 tokens of
+    the answer to the rest of the prompt is taken for an answer already given, and the
+    answer to the rest continues from token *k*; where no suffix is, the answer to the
+    whole prompt starts at token 0 (as before continuation existed).
+
+    Only suffixes shaped like tokens (a vocabulary word, then spaced ones) are tried, and
+    the prompt's CRC is extended from one candidate to the next, so the cost is linear in
+    the prompt: a wrong candidate almost always fails at its first word.
+    """
+    state, done = zlib.crc32(seed(model, "").encode()), 0
+    for split, tokens in _continuation_splits(prompt):
+        state, done = zlib.crc32(prompt[done:split].encode(), state), split
+        if _prefix_tokens(state, prompt, split) == tokens:
+            return seed(model, prompt[:split]), tokens
+    return seed(model, prompt), 0
 
 
 def embedding(text: str, size: int) -> list[float]:
@@ -139,10 +232,13 @@ class Completion:
     include_usage: bool
     #: Chat only: the function the answer calls, its arguments ``{"text": <the words>}``.
     tool: str | None = None
+    #: The answer's tokens the request already holds (a prefill, a prompt's tail): the
+    #: words start at this token of the answer to ``seed``.
+    start: int = 0
 
     def pieces(self) -> Iterator[str]:
         """The tokens, generated lazily: a huge max_tokens must not stall the event loop."""
-        return _words(self.seed, self.tokens)
+        return answer(self.seed, self.tokens, self.start)
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         return {

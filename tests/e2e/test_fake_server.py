@@ -509,3 +509,92 @@ async def test_memory_beyond_a_device_fails_as_llama_cpp_does(tmp_path: Path) ->
             async with fake_server("--memory", "16GiB", "--gpu-dir", str(gpu)) as d:
                 await d.expect_line("fake_server: healthy at ")
                 assert FileProbe(gpu).read().processes == {d.process.pid: {"gpu0": 16 * GiB}}
+
+
+async def answer_and_tokens(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The whole answer to ``body``, and its tokens as the stream sends them."""
+    whole = (await client.post(path, json=body)).json()
+    response = await client.post(path, json={**body, "stream": True})
+    chunks = [json.loads(payload) for payload in sse_payloads(response.text)[:-1]]
+    choices = [chunk["choices"][0] for chunk in chunks if chunk["choices"]]
+    if path == CHAT:
+        tokens = [choice["delta"]["content"] for choice in choices if "content" in choice["delta"]]
+    else:
+        tokens = [choice["text"] for choice in choices if choice["finish_reason"] is None]
+    return whole, tokens
+
+
+async def continued(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """``body``'s answer in one piece, and the text of its stream (checked against it)."""
+    plain = (await client.post(path, json=body)).json()
+    _, tokens = await answer_and_tokens(client, path, body)
+    choice = plain["choices"][0]
+    text = choice["message"]["content"] if path == CHAT else choice["text"]
+    assert "".join(tokens) == text
+    return plain, text
+
+
+async def test_a_chat_prefill_continues_the_answer_token_for_token() -> None:
+    length = 10
+    question = chat_body("tell me a story", max_tokens=length)
+    with trio.fail_after(15):
+        async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            whole, tokens = await answer_and_tokens(client, CHAT, question)
+            assert len(tokens) == length
+            assert "".join(tokens) == whole["choices"][0]["message"]["content"]
+            for k in (0, 1, length // 2, length):
+                prefill = "".join(tokens[:k])
+                messages = [*question["messages"], {"role": "assistant", "content": prefill}]
+                resumed = {**question, "messages": messages, "max_tokens": length - k}
+                plain, text = await continued(client, CHAT, resumed)
+                assert prefill + text == whole["choices"][0]["message"]["content"]
+                prompt = 4 + len(prefill.split())  # the server sees the prefill too
+                usage = {"prompt_tokens": prompt, "completion_tokens": length - k}
+                assert plain["usage"] == {**usage, "total_tokens": prompt + length - k}
+            # A prefill that is not the answer's start continues from itself, each time alike.
+            messages = [*question["messages"], {"role": "assistant", "content": "Well,"}]
+            odd = {**question, "messages": messages, "max_tokens": 3}
+            _, text = await continued(client, CHAT, odd)
+            assert text.startswith(" ")
+            assert len(text.split()) == 3
+            assert (await continued(client, CHAT, odd))[1] == text
+
+
+async def test_a_completion_prompt_with_the_answer_appended_continues_it() -> None:
+    length, prompt = 10, "once upon a time"
+    with trio.fail_after(15):
+        async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            request = {"prompt": prompt, "max_tokens": length}
+            whole, tokens = await answer_and_tokens(client, "/v1/completions", request)
+            assert "".join(tokens) == whole["choices"][0]["text"]
+            for k in (0, 1, length // 2, length):
+                generated = "".join(tokens[:k])
+                resumed = {"prompt": prompt + generated, "max_tokens": length - k}
+                plain, text = await continued(client, "/v1/completions", resumed)
+                assert generated + text == whole["choices"][0]["text"]
+                assert plain["usage"]["prompt_tokens"] == len((prompt + generated).split())
+                assert plain["usage"]["completion_tokens"] == length - k
+
+
+async def test_ignore_prefill_answers_the_conversation_from_scratch() -> None:
+    question = chat_body("tell me a story", max_tokens=6)
+    with trio.fail_after(15):
+        async with (
+            fake_server("--ignore-prefill") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            whole, tokens = await answer_and_tokens(client, CHAT, question)
+            prefill = {"role": "assistant", "content": "".join(tokens[:2])}
+            resumed = {**question, "messages": [*question["messages"], prefill]}
+            plain, text = await continued(client, CHAT, resumed)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert plain["usage"]["prompt_tokens"] == 4 + 2  # received, though not continued
+
+
+def test_ignore_prefill_is_off_unless_asked_for() -> None:
+    assert not parse_args(["--port", "0"]).ignore_prefill
+    assert parse_args(["--port", "0", "--ignore-prefill"]).ignore_prefill
