@@ -30,6 +30,7 @@ from ._content import (
     dumps,
     embedding,
     error,
+    n_predict,
     prompt_texts,
     text_of,
     token_limit,
@@ -104,6 +105,8 @@ class FakeServer:
             ("GET", "/props"): self._props,
             ("POST", "/v1/chat/completions"): partial(self._complete, "chat"),
             ("POST", "/v1/completions"): partial(self._complete, "text"),
+            # llama.cpp's native route: the same words as /v1/completions, its own shape.
+            ("POST", "/completion"): partial(self._complete, "native"),
             ("POST", "/v1/messages"): partial(self._complete, "messages"),
             ("POST", "/v1/embeddings"): self._embeddings,
         }
@@ -247,7 +250,8 @@ class FakeServer:
             say(f"client disconnected after {progress.tokens} tokens")
 
     def _completion(self, kind: str, body: dict[str, Any]) -> Completion:
-        count, limited = token_limit(body, self.options.max_tokens)
+        limit = n_predict if kind == "native" else token_limit
+        count, limited = limit(body, self.options.max_tokens)
         finish_reason = "length" if limited else "stop"
         if kind in ("chat", "messages"):
             messages = body.get("messages")

@@ -1,5 +1,5 @@
-"""What the fake server says: deterministic words, embeddings, OpenAI- and Anthropic-shaped
-bodies.
+"""What the fake server says: deterministic words, embeddings, OpenAI-, Anthropic- and
+llama.cpp-shaped bodies.
 
 Pure functions and values, no I/O: the ASGI app in ``_app`` turns a request body into a
 :class:`Completion` and sends the bytes these helpers build.
@@ -215,12 +215,23 @@ def token_limit(body: dict[str, Any], default: int) -> tuple[int, bool]:
     return default, False
 
 
+def n_predict(body: dict[str, Any], default: int) -> tuple[int, bool]:
+    """llama.cpp's ``/completion`` length: ``n_predict``, where a negative one (``-1``, its
+    default) or none means "until the end", which for the fake is ``default`` tokens."""
+    value = body.get("n_predict")
+    if value is None:
+        return default, False
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"n_predict must be an integer, got {value!r}")
+    return (value, True) if value >= 0 else (default, False)
+
+
 @final
 @attrs.define(eq=False)
 class Completion:
     """One generation request: what to say and how to wrap each piece of it."""
 
-    kind: str  # "chat", "text" or "messages" (Anthropic Messages)
+    kind: str  # "chat", "text", "messages" (Anthropic) or "native" (llama.cpp's /completion)
     id: str
     model: str
     created: int
@@ -262,6 +273,8 @@ class Completion:
 
     def response(self) -> dict[str, Any]:
         text = "".join(self.pieces())
+        if self.kind == "native":
+            return self._native(text, self.tokens, stop=True)
         if self.kind == "messages":
             return {
                 **self._message([{"type": "text", "text": text}], self.finish_reason),
@@ -297,6 +310,22 @@ class Completion:
             "stop_sequence": None,
         }
 
+    def _native(self, content: str, predicted: int, stop: bool) -> dict[str, Any]:
+        """A llama.cpp ``/completion`` answer (``stop``) or stream event, without timings."""
+        document: dict[str, Any] = {
+            "index": 0,
+            "content": content,
+            "id_slot": 0,
+            "stop": stop,
+            "model": self.model,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": self.prompt_tokens,
+        }
+        if stop:  # n_predict ran out ("limit"), or the fake's own length, its "end of text"
+            stop_type = "limit" if self.finish_reason == "length" else "eos"
+            document.update(stop_type=stop_type, stopping_word="", truncated=False)
+        return document
+
     def _call(self, arguments: str) -> dict[str, Any]:
         """The tool call, or (streaming) its first piece."""
         function = {"name": self.tool, "arguments": arguments}
@@ -323,7 +352,12 @@ class Completion:
         """The events after the last token: the ``finish_reason`` chunk, the usage chunk
         when asked for, then ``[DONE]``; ``timings`` ride on the last chunk, as in
         llama-server. Messages: ``content_block_stop``, ``message_delta`` (stop reason,
-        usage and the timings), ``message_stop``."""
+        usage and the timings), ``message_stop``. llama.cpp's ``/completion``: one event
+        with empty ``content``, ``"stop": true``, the counts and the timings, and no
+        ``[DONE]``."""
+        if self.kind == "native":
+            final = {**self._native("", self.tokens, stop=True), "timings": timings}
+            return b"data: " + dumps(final) + b"\n\n"
         if self.kind == "messages":
             delta = {"stop_reason": self.finish_reason, "stop_sequence": None}
             usage = {"input_tokens": self.prompt_tokens, "output_tokens": self.tokens}
@@ -341,6 +375,8 @@ class Completion:
 
     def chunk(self, index: int, piece: str) -> bytes:
         """The SSE event for token ``index``."""
+        if self.kind == "native":
+            return b"data: " + dumps(self._native(piece, index + 1, stop=False)) + b"\n\n"
         if self.kind == "messages":
             delta = {"type": "text_delta", "text": piece}
             return _event("content_block_delta", {"index": 0, "delta": delta})

@@ -598,3 +598,72 @@ async def test_ignore_prefill_answers_the_conversation_from_scratch() -> None:
 def test_ignore_prefill_is_off_unless_asked_for() -> None:
     assert not parse_args(["--port", "0"]).ignore_prefill
     assert parse_args(["--port", "0", "--ignore-prefill"]).ignore_prefill
+
+
+async def native(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """llama.cpp's ``/completion``: the whole answer, and the text its stream sends (the
+    stream checked against it: one event per token, then the final one, no ``[DONE]``)."""
+    plain = (await client.post("/completion", json=body)).json()
+    response = await client.post("/completion", json={**body, "stream": True})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(payload) for payload in sse_payloads(response.text)]
+    *pieces, final = events
+    assert [event["stop"] for event in pieces] == [False] * plain["tokens_predicted"]
+    assert [event["tokens_predicted"] for event in pieces] == list(range(1, len(pieces) + 1))
+    assert final["stop"] is True
+    assert final["content"] == ""
+    assert final["tokens_predicted"] == plain["tokens_predicted"]
+    assert final["tokens_evaluated"] == plain["tokens_evaluated"]
+    assert final["timings"]["predicted_n"] == plain["tokens_predicted"]
+    text = "".join(event["content"] for event in pieces)
+    assert text == plain["content"]
+    return plain, text
+
+
+async def test_llama_cpp_completion_route_streaming_and_not() -> None:
+    prompt = "once upon a time"
+    request = {"prompt": prompt, "n_predict": 5, "temperature": 0.7, "cache_prompt": True}
+    with trio.fail_after(15):
+        async with (
+            fake_server("--tokens-per-second", "200", "--max-tokens", "6") as fake,
+            httpx.AsyncClient(base_url=fake.url) as client,
+        ):
+            await wait_healthy(client, fake.url)
+            plain, _ = await native(client, request)
+            openai_shaped = await client.post(
+                "/v1/completions", json={"prompt": prompt, "max_tokens": 5}
+            )
+            unlimited, _ = await native(client, {"prompt": prompt, "n_predict": -1})
+            absent, _ = await native(client, {"prompt": prompt})
+            bad = await client.post("/completion", json={"prompt": prompt, "n_predict": "5"})
+
+    assert plain["content"] == openai_shaped.json()["choices"][0]["text"]  # the same words
+    assert plain["stop"] is True
+    assert plain["stop_type"] == "limit"
+    assert (plain["tokens_predicted"], plain["tokens_evaluated"]) == (5, 4)
+    assert plain["model"] == "fake"
+    assert plain["timings"]["prompt_n"] == 4
+    assert plain["timings"]["predicted_n"] == 5
+    assert plain["timings"]["predicted_per_second"] <= 200 * 1.01  # paced as streaming is
+    assert unlimited["tokens_predicted"] == absent["tokens_predicted"] == 6  # --max-tokens
+    assert unlimited["stop_type"] == "eos"
+    assert unlimited["content"].startswith(plain["content"])
+    assert bad.status_code == 400
+
+
+async def test_llama_cpp_completion_continues_a_prompt_with_the_answer_appended() -> None:
+    length, prompt = 8, "once upon a time"
+    with trio.fail_after(15):
+        async with fake_server() as fake, httpx.AsyncClient(base_url=fake.url) as client:
+            whole, _ = await native(client, {"prompt": prompt, "n_predict": length})
+            _, tokens = await answer_and_tokens(
+                client, "/v1/completions", {"prompt": prompt, "max_tokens": length}
+            )
+            assert "".join(tokens) == whole["content"]
+            for k in (0, 3):
+                generated = "".join(tokens[:k])
+                resumed = {"prompt": prompt + generated, "n_predict": length - k}
+                plain, text = await native(client, resumed)
+                assert generated + text == whole["content"]
+                assert plain["tokens_predicted"] == length - k
+                assert plain["tokens_evaluated"] == len((prompt + generated).split())

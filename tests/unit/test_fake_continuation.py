@@ -3,13 +3,18 @@ prefill, a completion prompt with the text appended) goes on exactly where it st
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from llamaswap.fake_server._content import (
+    BadRequest,
     Completion,
     answer,
     chat_continuation,
     completion_continuation,
+    n_predict,
     seed,
 )
 
@@ -116,3 +121,47 @@ def test_the_search_is_linear_in_the_prompt() -> None:
     assert completion_continuation(MODEL, prompt + long) == (seed(MODEL, prompt), 20_000)
     words = " ".join(["amber", "basalt", "cedar", "delta"] * 1600)
     assert completion_continuation(MODEL, words)[1] <= 6400
+
+
+def test_llama_cpp_native_completion_bodies() -> None:
+    prompt = "once upon a time"
+    tokens = list(answer(seed(MODEL, prompt), 5))
+    native = job("native", seed(MODEL, prompt), 0, 5)
+    native.prompt_tokens = 4
+    document = native.response()
+    assert document == {
+        "index": 0, "content": "".join(tokens), "id_slot": 0, "stop": True, "model": MODEL,
+        "tokens_predicted": 5, "tokens_evaluated": 4,
+        "stop_type": "limit", "stopping_word": "", "truncated": False,
+    }  # fmt: skip
+    assert document["content"] == text_of(job("text", seed(MODEL, prompt), 0, 5))
+    event = native.chunk(1, tokens[1])
+    assert event.startswith(b"data: ")
+    assert event.endswith(b"\n\n")
+    assert json.loads(event[len(b"data: ") :]) == {
+        "index": 0, "content": tokens[1], "id_slot": 0, "stop": False, "model": MODEL,
+        "tokens_predicted": 2, "tokens_evaluated": 4,
+    }  # fmt: skip
+    assert native.head() == b""
+    tail = native.tail({"predicted_n": 5})
+    assert b"[DONE]" not in tail
+    assert tail.count(b"data: ") == 1
+    final = json.loads(tail[len(b"data: ") :])
+    assert final == {**document, "content": "", "timings": {"predicted_n": 5}}
+    native.finish_reason = "stop"  # no n_predict: the fake's own length, its end of text
+    assert native.response()["stop_type"] == "eos"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [({}, (16, False)), ({"n_predict": -1}, (16, False)), ({"n_predict": 0}, (0, True)),
+     ({"n_predict": 7, "max_tokens": 3}, (7, True))],
+)  # fmt: skip
+def test_n_predict_is_the_native_length(body: dict[str, Any], expected: tuple[int, bool]) -> None:
+    assert n_predict(body, 16) == expected
+
+
+@pytest.mark.parametrize("value", ["5", 2.5, True])
+def test_a_bad_n_predict_is_a_bad_request(value: object) -> None:
+    with pytest.raises(BadRequest, match="n_predict must be an integer"):
+        n_predict({"n_predict": value}, 16)
