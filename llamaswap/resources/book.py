@@ -200,39 +200,36 @@ class Resources:
 
     def devices(self) -> list[DeviceView]:
         """Every device known: reported by the probe, declared, or named by a model."""
-        names = [d.name for d in self._reading.devices] if self._reading is not None else []
-        named = [
-            *self._config.devices,
-            *(d for m in self._config.models.values() for d in m.memory),
-        ]
-        for name in named:
-            if name not in names:
-                names.append(name)
+        read = [d.name for d in self._reading.devices] if self._reading is not None else []
+        named = (d for m in self._config.models.values() for d in m.memory)
         holders: dict[str, dict[str, int]] = {}
         for model, sizes in self._held.items():
             for device, size in sizes.items():
                 holders.setdefault(device, {})[model] = size
         views = []
-        for name in names:
+        for name in dict.fromkeys([*read, *self._config.devices, *named]):
             reading = self._reading_of(name)
             declared = self._config.devices.get(name)
-            views.append(
-                DeviceView(
-                    name,
-                    reading.label if reading is not None else name,
-                    self._total(name),
-                    reading.used if reading is not None else None,
-                    self.budget(name),
-                    self._headroom(name),
-                    holders.get(name, {}),
-                    *(
-                        (reading.utilization, reading.temperature, reading.power)
-                        if reading is not None
-                        else (None, None, None)
-                    ),
-                    source="declared" if declared is not None and declared.memory else "probe",
-                )
+            view = DeviceView(
+                name,
+                name,
+                self._total(name),
+                None,
+                self.budget(name),
+                self._headroom(name),
+                holders.get(name, {}),
+                source="declared" if declared and declared.memory is not None else "probe",
             )
+            if reading is not None:  # what the probe (or /proc/meminfo) says of it
+                view = attrs.evolve(
+                    view,
+                    label=reading.label,
+                    used=reading.used,
+                    utilization=reading.utilization,
+                    temperature=reading.temperature,
+                    power=reading.power,
+                )
+            views.append(view)
         return views
 
     # ------------------------------------------------------------ learning
