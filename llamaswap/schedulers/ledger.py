@@ -31,7 +31,7 @@ from typing import Protocol, final
 
 import attrs
 
-from llamaswap.errors import ConcurrencyLimit, ModelUnloaded, RequestError
+from llamaswap.errors import ConcurrencyLimit, ModelStartFailed, ModelUnloaded, RequestError
 from llamaswap.process.state import ModelState
 
 from .base import (
@@ -295,7 +295,7 @@ class Ledger:
         """
         if self.swaps.get(swap.target) is not swap:
             return False
-        oom = getattr(error, "out_of_memory", None)
+        oom = error.out_of_memory if isinstance(error, ModelStartFailed) else None
         if oom is not None and swap.retry is None and (evict := self._idle_others(swap.target)):
             retry = Swap(swap.target, evict, swap.waiters, retry=f"out of memory: {oom}")
             self.swaps[swap.target] = retry
