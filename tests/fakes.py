@@ -20,6 +20,7 @@ from llamaswap.schedulers.base import (
     Fail,
     Grant,
     Handover,
+    Preempt,
     Recheck,
     Scheduler,
     SchedulerStatistics,
@@ -214,6 +215,7 @@ class FakeWorld:
         self.done: list[Swap] = []  # those ``complete`` ended
         self.cancelled: list[tuple[Swap, str]] = []
         self.rechecks: list[float] = []  # the time of every Recheck decided
+        self.preempted: list[Ticket] = []  # every Preempt decided, in order
 
     def now(self) -> float:
         return self.time
@@ -244,6 +246,8 @@ class FakeWorld:
                 self.cancelled.append((decision.swap, decision.reason))
             elif isinstance(decision, Recheck):
                 self.rechecks.append(decision.at)
+            elif isinstance(decision, Preempt):
+                self.preempted.append(decision.ticket)
         return decisions
 
     def complete(
@@ -288,6 +292,11 @@ class Driven(Generic[S]):
     def on_finish(self, ticket: Ticket) -> list[Decision]:
         self.world.serving[ticket.model] -= 1
         return self.world.apply(self.scheduler.on_finish(ticket))
+
+    def on_preempted(self, ticket: Ticket) -> list[Decision]:
+        """The checkpointed request came back: counted out first, as a finished one."""
+        self.world.serving[ticket.model] -= 1
+        return self.world.apply(self.scheduler.on_preempted(ticket))
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
         return self.world.apply(self.scheduler.on_swap_done(swap, error))

@@ -72,6 +72,8 @@ MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
 MAX_QUEUED = Bounds(1, 10_000_000, "a number of requests")
 SLOTS = Bounds(1, 256, "a number of slots")
+#: ``serial.maxPreemptions``: after this many preemptions a request runs to its end.
+MAX_PREEMPTIONS = Bounds(1, 100, "a number of preemptions")
 CONNECT_TIMEOUT = Bounds(0.001, 3_600, "a duration", "seconds", "1 hour", zero="no limit")
 RESPONSE_TIMEOUT = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no limit")
 IDLE_CONN_TIMEOUT = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no limit")
@@ -211,6 +213,9 @@ class ModelConfig:
     #: Weight files to read into the page cache before a load (``prefetch``); empty: the
     #: ``-m``/``--model`` file of ``cmd``, if any.
     files: tuple[str, ...] = ()
+    #: Under ``serial`` with ``preempt``: its requests may be checkpointed and resumed
+    #: (false for a server that cannot continue a prefilled answer).
+    preemptible: bool = True
 
     @property
     def health_url(self) -> str | None:
@@ -264,6 +269,10 @@ class SerialSettings:
     swap_affinity_bonus: int = 10
     max_queued: int = attrs.field(default=DEFAULT_MAX_QUEUED, metadata=within(MAX_QUEUED))
     slots: int = attrs.field(default=1, metadata=within(SLOTS))
+    #: Checkpoint a running request for a waiting one a band (100 points) above it, and
+    #: resume it later where it stopped (docs/scheduling.md, "Preemption").
+    preempt: bool = False
+    max_preemptions: int = attrs.field(default=3, metadata=within(MAX_PREEMPTIONS))
 
 
 @attrs.frozen

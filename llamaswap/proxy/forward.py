@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import final
 
@@ -34,7 +35,7 @@ from hypercorn.typing import (
     HTTPScope,
 )
 
-from llamaswap.config.model import Config, FilterConfig, Timeouts
+from llamaswap.config.model import Config, FilterConfig, ModelConfig, Timeouts
 from llamaswap.errors import (
     BadRequest,
     BodyTooLarge,
@@ -65,7 +66,7 @@ from llamaswap.router.router import CANCEL_GRACE
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import anthropic
+from . import anthropic, resume
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
@@ -86,8 +87,11 @@ _READ = frozenset(
         b"content-type",
         b"transfer-encoding",
         PRIORITY_HEADER.encode(),
+        b"x-llamaswap-preemptible",
     }
 )
+#: ``X-LlamaSwap-Preemptible: false`` (or 0, no) opts a request out of preemption.
+_PINNED = frozenset({"false", "0", "no"})
 #: The routes ``anthropic = "translate"`` answers by way of chat completions.
 _MESSAGES = (anthropic.MESSAGES_PATH, anthropic.COUNT_TOKENS_PATH)
 
@@ -324,13 +328,15 @@ class Forwarder:
                 reply.body,
                 estimator=self._estimator,
             )
-        exchange.lease = self._router.lease(
+        preemptible = translation is None and self._preemptible(model, headers, path, payload)
+        exchange.lease = lease = self._router.lease(
             target.model_id,
             priority=exchange.priority,
             client=client_address(scope.get("client")),
             route=f"{scope['method']} {scope['path']}",
+            preemptible=preemptible,
         )
-        async with self._router.acquire(exchange.lease, while_waiting=while_waiting):
+        async with self._router.acquire(lease, while_waiting=while_waiting):
             # The model's definition now: a reload while the request waited may have
             # moved it (a new port) or changed its filters.
             model = self._config.models.get(target.model_id, model)
@@ -340,7 +346,30 @@ class Forwarder:
             upstream = _Upstream(
                 model.proxy, path, query, payload, [], translation, model.timeouts
             )
-            await self._forward(exchange, scope, upstream, body, reply)
+            generation = None
+            if preemptible and payload is not None:
+                generation = resume.generation(path, payload.json())
+            if generation is None:
+                lease.pin()
+                await self._forward(exchange, scope, upstream, body, reply)
+            else:
+                await self._resumably(exchange, scope, upstream, reply, generation, lease)
+
+    def _preemptible(
+        self, model: ModelConfig, headers: dict[str, str], path: str, payload: Payload | None
+    ) -> bool:
+        """Whether the request may be checkpointed and resumed (``resume.py``): under
+        ``serial`` with ``preempt``, for a model that allows it, unless the client opts out,
+        and for a generation that can be resumed exactly."""
+        scheduler = self._config.routing.scheduler
+        return (
+            scheduler.use == "serial"
+            and scheduler.settings.serial.preempt
+            and model.preemptible
+            and headers.get("x-llamaswap-preemptible", "").strip().lower() not in _PINNED
+            and payload is not None
+            and resume.generation(path, payload.json()) is not None
+        )
 
     async def _forward(
         self,
@@ -380,6 +409,117 @@ class Forwarder:
                 await self._router.notice_exit(exchange.model)
             detail = f"broke off mid-response: {exc}" if exc.answered else str(exc)
             raise UpstreamError(exchange.model, detail) from exc
+
+    async def _resumably(
+        self,
+        exchange: Exchange,
+        scope: HTTPScope,
+        upstream: _Upstream,
+        reply: _Reply,
+        generation: resume.Generation,
+        lease: Lease,
+    ) -> None:
+        """A preemptible request, one segment at a time: each preemption ends the
+        segment's upstream request, gives the slot back and waits to be granted again
+        (``Router.resume``), then the next segment goes on from what was generated, until
+        the answer ends. The client sees one answer (``resume.py``)."""
+        headers = [
+            (k, v)
+            for k, v in upstream_headers(scope, strip_auth=bool(self._config.api_keys))
+            if k not in (b"accept-encoding", b"content-length")
+        ]
+        headers.append((b"accept-encoding", b"identity"))  # its events are read here
+        paused = 0.0
+        try:
+            while not await self._segment(exchange, upstream, headers, reply, generation, lease):
+                exchange.metadata["preemptions"] = lease.ticket.preemptions + 1
+                logger.info(
+                    "request #%d for %r preempted after %d tokens",
+                    lease.id,
+                    exchange.model,
+                    generation.tokens,
+                )
+                since = trio.current_time()
+                try:
+                    await self._router.resume(lease)
+                finally:
+                    paused += trio.current_time() - since
+                    exchange.metadata["paused_ms"] = round(paused * 1000, 3)
+                # The model's definition now: a reload while it waited may have moved it.
+                model = self._config.models.get(exchange.model)
+                if model is not None:
+                    upstream = attrs.evolve(upstream, base=model.proxy, timeouts=model.timeouts)
+        finally:
+            if generation.segments > 1:
+                exchange.metadata["recomputed_prompt_tokens"] = generation.recomputed
+
+    async def _segment(
+        self,
+        exchange: Exchange,
+        upstream: _Upstream,
+        headers: list[tuple[bytes, bytes]],
+        reply: _Reply,
+        generation: resume.Generation,
+        lease: Lease,
+    ) -> bool:
+        """One segment of a resumable generation; False if it was preempted.
+
+        *Cancellation*: the upstream's reads happen in ``lease.preemption()`` scopes, which
+        a preemption cancels (closing the upstream connection, so the model server stops);
+        the writes to the client never do, so a preemption cannot cut one short.
+        """
+        async with AsyncExitStack() as stack:
+            with lease.preemption() as preemption:
+                response = await stack.enter_async_context(
+                    self._pool.request(
+                        "POST",
+                        upstream.base,
+                        upstream.path,
+                        headers,
+                        generation.body(),
+                        upstream.timeouts,
+                    )
+                )
+            if preemption.cancelled_caught:
+                return False
+            content_type = response.header(b"content-type")
+            if response.status != 200 or not content_type.startswith("text/event-stream"):
+                lease.pin()  # an error, or a server that would not stream: passed on
+                await self._relay(exchange, response, reply)
+                return True
+            exchange.tap = tap = UsageTap(
+                content_type if generation.client_streams else "application/json"
+            )
+            fields = downstream_headers(response, content_type, exchange.model)
+            if generation.client_streams and not reply.started:
+                await reply.start(200, fields)
+            chunks = response.chunks()
+            while True:
+                if generation.pinned:  # read to its end: it cannot be resumed
+                    data = await anext(chunks, None)
+                else:
+                    with lease.preemption() as preemption:
+                        data = await anext(chunks, None)
+                    if preemption.cancelled_caught:
+                        generation.checkpoint()
+                        return False
+                if data is None:
+                    break
+                out = generation.feed(data)
+                if generation.pinned:
+                    lease.pin()
+                if out:
+                    tap.feed(out)
+                    await reply.body(out)
+        if generation.client_streams:
+            await reply.body(b"", more=False)
+            return True
+        document = json.dumps(generation.answer()).encode()
+        tap.feed(document)
+        json_fields = [(k, v) for k, v in fields if k not in (b"content-type", b"content-length")]
+        await reply.start(200, [*json_fields, (b"content-type", b"application/json")])
+        await reply.body(document, more=False)
+        return True
 
     async def _relay(self, exchange: Exchange, response: UpstreamResponse, reply: _Reply) -> None:
         content_type = response.header(b"content-type")

@@ -71,14 +71,15 @@ class DecisionApplied:
     decision: Decision
 
 
-RequestChange = Literal["queued", "done", "failed", "cancelled"]
+RequestChange = Literal["queued", "paused", "done", "failed", "cancelled"]
 
 
 @attrs.frozen
 class RequestChanged:
-    """A request was admitted (``queued``) or released: ``done`` after a grant,
-    ``failed``, or ``cancelled`` while it waited. ``lease.info()`` is its snapshot, taken
-    only by an observer that needs it (most requests have nobody watching)."""
+    """A request was admitted (``queued``), checkpointed and waiting again (``paused``),
+    or released: ``done`` after a grant, ``failed``, or ``cancelled`` while it waited.
+    ``lease.info()`` is its snapshot, taken only by an observer that needs it (most
+    requests have nobody watching)."""
 
     change: RequestChange
     lease: Lease

@@ -52,6 +52,12 @@ class RequestInfo:
     metadata: Mapping[str, object]
     client: str | None = None  # "host:port" of the HTTP client, when known
     route: str = ""  # e.g. "POST /v1/chat/completions"
+    preemptions: int = 0  # how often it was checkpointed so far
+
+    @property
+    def paused(self) -> bool:
+        """Waiting again after it was preempted, to go on where it stopped."""
+        return self.preemptions > 0 and self.state in ("queued", "loading")
 
     @property
     def queue_wait(self) -> float | None:
@@ -78,6 +84,7 @@ def ticket_info(ticket: Ticket, *, client: str | None = None, route: str = "") -
         metadata=dict(ticket.metadata),
         client=client,
         route=route,
+        preemptions=ticket.preemptions,
     )
 
 
@@ -99,6 +106,9 @@ class Lease:
         #: Cancelling it ends the request wherever it is (``cancel``).
         self.scope = trio.CancelScope()
         self.cancel_error: RequestError | None = None
+        #: The scheduler decided to checkpoint it (``preempt``); cleared as it comes back.
+        self.preempted = False
+        self._preemption: trio.CancelScope | None = None
         self._abandoned: collections.deque[Lease] | None = None
         self._task: trio.lowlevel.Task | None = None
         self._outcome: outcome.Outcome[None] | None = None
@@ -127,6 +137,25 @@ class Lease:
         if self.cancel_error is None:
             self.cancel_error = error
         self.scope.cancel(reason=str(error))
+
+    def preemption(self) -> trio.CancelScope:
+        """A new cancel scope that a preemption of this request cancels: the forwarder
+        reads its upstream in it, and never writes to its client in it (a write cut short
+        would close the client's connection). Cancelled already if the request is."""
+        scope = self._preemption = trio.CancelScope()
+        if self.preempted:
+            scope.cancel(reason="preempted")
+        return scope
+
+    def pin(self) -> None:
+        """It cannot be checkpointed (any more): its answer began a tool call, say."""
+        self.ticket.preemptible = False
+
+    def preempt(self) -> None:
+        """The scheduler decided ``Preempt``: end the generation at the next read."""
+        self.preempted = True
+        if self._preemption is not None:
+            self._preemption.cancel(reason="preempted")
 
     def _wake(self, state: RequestState, error: RequestError | None = None) -> None:
         if self._outcome is not None:
@@ -208,17 +237,34 @@ class Leases:
         self._leases[ticket]._wake(RequestState.FAILED, error)
         return True
 
+    def preempt(self, ticket: Ticket) -> bool:
+        """Tell ``ticket``'s serving request to checkpoint; False if it is not serving."""
+        lease = self._leases.get(ticket)
+        if lease is None or lease.state is not RequestState.SERVING:
+            return False
+        lease.preempt()
+        return True
+
+    def pause(self, lease: Lease) -> None:
+        """The serving request was checkpointed: count it out, and let it park again."""
+        self._count_out(lease.ticket.model)
+        lease.preempted = False
+        lease._preemption = None
+        lease._outcome = None
+
     def release(self, lease: Lease) -> None:
         """The request is over: forget it, and count it out if it was granted."""
         if lease.state is RequestState.SERVING:
-            model = lease.ticket.model
-            self._in_flight[model] -= 1
-            if not self._in_flight[model]:
-                del self._in_flight[model]
-                if not self._in_flight:
-                    self._drained.set()
+            self._count_out(lease.ticket.model)
         lease.ticket.state = RequestState.DONE
         self._leases.pop(lease.ticket, None)
+
+    def _count_out(self, model: str) -> None:
+        self._in_flight[model] -= 1
+        if not self._in_flight[model]:
+            del self._in_flight[model]
+            if not self._in_flight:
+                self._drained.set()
 
     async def drained(self) -> None:
         """Return once no request is in flight."""

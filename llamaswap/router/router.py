@@ -57,6 +57,7 @@ from llamaswap.schedulers import (
     Decision,
     Fail,
     Grant,
+    Preempt,
     Recheck,
     RequestState,
     Scheduler,
@@ -300,10 +301,12 @@ class Router:
         priority: int = 0,
         client: str | None = None,
         route: str = "",
+        preemptible: bool = False,
     ) -> Lease:
         """A new request for ``model`` (an ID), to pass to ``acquire``. ``route``
         (``"POST /v1/chat/completions"``) says whether it takes the model's slot
-        (``needs_slot``); it and ``client`` are shown (``RequestInfo``)."""
+        (``needs_slot``); it and ``client`` are shown (``RequestInfo``). ``preemptible``:
+        its task can checkpoint it and go on later (``resume``)."""
         ticket = Ticket(
             model,
             priority=priority,
@@ -311,6 +314,7 @@ class Router:
             arrival=trio.current_time(),
             needs_slot=needs_slot(route) if route else True,
             effective_priority=priority,
+            preemptible=preemptible,
         )
         return Lease(ticket, client=client, route=route)
 
@@ -446,6 +450,29 @@ class Router:
             raise
         if failure is not None:
             raise failure
+
+    async def resume(
+        self,
+        lease: Lease,
+        *,
+        while_waiting: Callable[[Lease], Awaitable[None]] | None = None,
+    ) -> None:
+        """Inside ``acquire``: the request's generation was checkpointed (``preempt``).
+        Give its slot back, and wait, queued again, until it is granted anew.
+
+        Raises as ``acquire`` does when its wait ends without a grant (an unload, the
+        shutdown, its cancel); the block then ends, and ``acquire`` releases it.
+
+        *Cancellation*: as ``acquire``'s wait: cancelled while parked, the request leaves
+        the queue.
+        """
+        self._leases.pause(lease)
+        self._tell("paused", lease)
+        self._decide(
+            f"preempted request #{lease.id}", partial(self.scheduler.on_preempted, lease.ticket)
+        )
+        self._requests_changed(lease.ticket.model)
+        await self._wait(lease, while_waiting)
 
     async def load(self, model: str, *, priority: int = 0) -> None:
         """Make ``model`` ready, queued like a request (``POST /api/models/load``)."""
@@ -652,6 +679,10 @@ class Router:
                 self._swap_scopes[decision.swap].cancel(reason=decision.reason)
             elif isinstance(decision, Recheck) and self._swap_nursery is not None:
                 self._swap_nursery.start_soon(self._recheck, decision.at)
+            elif isinstance(decision, Preempt) and self._leases.preempt(decision.ticket):
+                logger.info(
+                    "preempting request #%d for %r", decision.ticket.seq, decision.ticket.model
+                )
             if DecisionApplied in self._observers:
                 self._emit(DecisionApplied(decision))
         if decisions:

@@ -10,6 +10,7 @@ from .base import Fail as Fail
 from .base import Grant as Grant
 from .base import Handover as Handover
 from .base import JoinSwap as JoinSwap
+from .base import Preempt as Preempt
 from .base import Recheck as Recheck
 from .base import RequestState as RequestState
 from .base import Scheduler as Scheduler
@@ -38,6 +39,7 @@ __all__ = [
     "Grant",
     "Handover",
     "JoinSwap",
+    "Preempt",
     "PriorityWaitQueue",
     "Recheck",
     "RequestState",
@@ -72,6 +74,8 @@ def make_scheduler(config: Config, world: World, swapper: Swapper) -> Scheduler:
             slots=serial.slots,
             model_slots=model_slots(config),
             min_residency=config.min_residency,
+            preempt=serial.preempt,
+            max_preemptions=serial.max_preemptions,
         )
     return FifoScheduler(
         world,

@@ -3,7 +3,8 @@
 A scheduler is a synchronous state machine. Events come in as method calls
 (``on_request``, ``on_cancel``, ``on_finish``, ``on_swap_done``, ``on_model_state``,
 ``on_unload``, ``on_shutdown``), and each returns the scheduler's *decisions* as values
-(``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``, ``JoinSwap``, ``Recheck``). The router
+(``Grant``, ``Fail``, ``StartSwap``, ``CancelSwap``, ``JoinSwap``, ``Recheck``,
+``Preempt``). The router
 applies them; the scheduler itself touches nothing. It reads the world through ``World``
 (time, model states, when a model became ready, the running set, in-flight counts), which
 only answers questions.
@@ -37,6 +38,7 @@ __all__ = [
     "Grant",
     "Handover",
     "JoinSwap",
+    "Preempt",
     "Recheck",
     "RequestState",
     "Scheduler",
@@ -67,7 +69,8 @@ class RequestState(enum.Enum):
     """One admitted request's lifecycle (``Ticket.state``), the only record of it::
 
         QUEUED ──dispatch──▶ LOADING ──its load is done──▶ SERVING ──finished──▶ DONE
-          └──────────────grant──────────────────────────────▲
+          ▲ └──────────────grant──────────────────────────────▲ │
+          └───────────────checkpointed (preempted)───────────────┘
         QUEUED, LOADING ──fail──▶ FAILED ──its task has the error──▶ DONE
         QUEUED, LOADING ──cancelled while parked──▶ ABANDONED ──the scheduler is told──▶ DONE
 
@@ -100,6 +103,10 @@ class Ticket:
         score: under ``serial``, the score at the pick; ``None`` if never picked.
         dispatched_at: when it left the queue (granted, or its load started or joined).
         granted_at: when it was granted (its serving time is counted from then).
+        preemptible: its generation can be checkpointed and resumed (the forwarder knows
+            from its route and body; ``serial`` with ``preempt`` reads it).
+        preemptions: how often it was preempted so far.
+        preempting: a ``Preempt`` for it was decided, and it has not come back yet.
         metadata: what the scheduler wants in the activity log (e.g. ``affinity``).
 
     A ticket is the scheduler's own record: plain data, no Trio object. Everyone else
@@ -116,6 +123,9 @@ class Ticket:
     score: float | None = None
     dispatched_at: float | None = None
     granted_at: float | None = None
+    preemptible: bool = False
+    preemptions: int = 0
+    preempting: bool = False
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
 
     @property
@@ -218,7 +228,15 @@ class Recheck:
     at: float
 
 
-Decision: TypeAlias = Grant | Fail | StartSwap | CancelSwap | JoinSwap | Recheck
+@attrs.frozen
+class Preempt:
+    """Checkpoint ``ticket``, which is serving: end its generation, keep what it made, and
+    bring it back to the scheduler (``on_preempted``) to be resumed when picked again."""
+
+    ticket: Ticket
+
+
+Decision: TypeAlias = Grant | Fail | StartSwap | CancelSwap | JoinSwap | Recheck | Preempt
 
 
 @attrs.frozen
@@ -321,6 +339,11 @@ class Scheduler(Protocol):
     def on_finish(self, ticket: Ticket) -> list[Decision]:
         """A granted ticket finished (successfully or not); ``World.in_flight`` already
         counts it out."""
+
+    def on_preempted(self, ticket: Ticket) -> list[Decision]:
+        """A serving ticket was checkpointed (``Preempt``; ``World.in_flight`` already
+        counts it out): it waits again, keeping its arrival, its reservation and its first
+        dispatch, and goes on from where it stopped once granted again."""
 
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
         """A swap's task ended: its target is ready, or ``error`` says why not (also one

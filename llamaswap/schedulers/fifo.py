@@ -101,6 +101,13 @@ class FifoScheduler:
             self._drain()
         return self._ledger.take()
 
+    def on_preempted(self, ticket: Ticket) -> list[Decision]:
+        # fifo preempts nothing: a serial scheduler did, before a reload switched to fifo.
+        self._ledger.requeue(ticket)
+        self._enqueue(ticket)
+        self._drain()
+        return self._ledger.take()
+
     def on_swap_done(self, swap: Swap, error: RequestError | None) -> list[Decision]:
         if self._ledger.finish_swap(swap, error) and error is not None:
             self._ledger.fail_queued(self._queue, {swap.target}, error)

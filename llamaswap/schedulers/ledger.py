@@ -121,6 +121,10 @@ class Ledger:
         self.limits = limits
         self.min_residency = min_residency
 
+    def decide(self, decision: Decision) -> None:
+        """Write down a decision a scheduler makes itself (``Preempt``)."""
+        self._outbox.append(decision)
+
     def take(self) -> list[Decision]:
         """The decisions made since the last call, in order; the event's return value."""
         decisions, self._outbox = self._outbox, []
@@ -161,6 +165,15 @@ class Ledger:
         ticket.state = RequestState.SERVING
         self._granting[ticket.model] += 1
         self._outbox.append(Grant(ticket))
+
+    def requeue(self, ticket: Ticket) -> None:
+        """A preempted ticket waits again: it keeps its arrival (aging goes on counting),
+        its reservation and its first dispatch; it is granted anew."""
+        ticket.state = RequestState.QUEUED
+        ticket.preemptions += 1
+        ticket.preempting = False
+        ticket.score = None
+        ticket.granted_at = None
 
     def fail(self, ticket: Ticket, error: RequestError) -> None:
         self.release(ticket)

@@ -13,10 +13,10 @@ across all models, picking the best score whenever the slot frees::
                eviction, else 0
 
 Ties go to the earliest arrival. A request whose model must load holds the slot through
-the load; nothing running is ever preempted. A pick that would evict a model loaded less
-than ``minResidency`` ago, while requests of the same band or a higher one wait for it,
-passes over that request's model (the ledger's residency rule), so those requests are
-served first.
+the load. Nothing running is preempted unless ``preempt`` is on (below). A pick that
+would evict a model loaded less than ``minResidency`` ago, while requests of the same
+band or a higher one wait for it, passes over that request's model (the ledger's
+residency rule), so those requests are served first.
 
 Why these terms
 ---------------
@@ -41,10 +41,25 @@ plus that model's affinity: O(models) peeks and one O(log n) pop. Keys are integ
 (times in nanoseconds), so arbitrarily large priorities compare exactly. With
 ``agingDivisor = 0`` aging is off and the key is the priority alone.
 
+Preemption
+----------
+With ``preempt`` on, a waiting request that outscores a serving slot holder by a whole
+band (``PREEMPT_MARGIN``, 100 points: priority and aging, affinity left out, so that
+neither affinity, capped at 99, nor aging, which only narrows the gap to an earlier
+arrival, ever preempts alone) and could otherwise not have the slot checkpoints it: the
+scheduler decides ``Preempt``, the request's task ends its generation, keeps what was
+made, and comes back (``on_preempted``) to wait in its lane with its old static key, so
+it goes on aging from its arrival. In the static keys the rule is one subtraction:
+``key(waiting) - key(serving) >= 100 * agingDivisor``. Only a request its forwarder marked
+resumable (``Ticket.preemptible``) is preempted, at most ``maxPreemptions`` times (then it
+runs to its end: no live-lock), and only one that is serving: a load in progress is not
+thrown away. For a model of its own the waiting request needs every slot, so every
+holder must qualify; for the slot holders' model, the lowest-ranked one gives its slot.
+
 Rejected alternatives
 ---------------------
-*Preemption* (stopping a running request for a better one) would waste the work done and
-break streaming clients; the slot is only reassigned when it frees. *Recomputing every
+*Preemption by default* would throw away work for servers that cannot resume a prefilled
+answer; it is opt-in, per model and per request. *Recomputing every
 score at each pick* is O(n) per pick and, at 100 000 waiting requests, too slow to do on
 every completion. *Strict priority with no aging* starves batch work under steady load.
 *Affinity without a cap* lets a cheap swap-avoidance beat genuinely urgent work.
@@ -67,6 +82,7 @@ from llamaswap.process.state import ModelState
 from .base import (
     Decision,
     Handover,
+    Preempt,
     RequestState,
     SchedulerStatistics,
     Swap,
@@ -81,6 +97,8 @@ from .waitqueue import PriorityWaitQueue
 __all__ = ["SerialScheduler"]
 
 _NS = 1_000_000_000
+#: Points by which a waiting request must outscore a serving one to preempt it: a band.
+PREEMPT_MARGIN = 100
 
 
 def _ns(seconds: float) -> int:
@@ -147,6 +165,8 @@ class SerialScheduler:
         slots: requests in service at once, all for the loaded model...
         model_slots: ...or as many as this says for that model (``[models.X] slots``).
         min_residency: ``minResidency``, seconds; 0 turns the rule off.
+        preempt: checkpoint a serving request for one a band above it (docstring above).
+        max_preemptions: how often one request may be preempted.
 
     A model has no ``concurrencyLimit`` unless it sets one: serial exists to queue a burst
     and serve it by score, not to refuse it.
@@ -166,10 +186,14 @@ class SerialScheduler:
         slots: int = 1,
         model_slots: Mapping[str, int] | None = None,
         min_residency: float = 0.0,
+        preempt: bool = False,
+        max_preemptions: int = 3,
     ) -> None:
         self._ledger = Ledger(world, swapper, limits, min_residency=min_residency)
         self._world = world
         self._configure(aging_divisor, swap_affinity_bonus, max_queued, slots, model_slots or {})
+        self._preempt = preempt
+        self._max_preemptions = max_preemptions
         self._lanes = _Lanes()
         #: The requests holding a slot (in service, loading, or waiting for a busy model
         #: to drain), all for one model; the first one leads (it started the load).
@@ -281,6 +305,14 @@ class SerialScheduler:
             self._dispatch_waiting_lead()  # its swap may have waited for this model to drain
         return self._ledger.take()
 
+    def on_preempted(self, ticket: Ticket) -> list[Decision]:
+        if ticket in self._holders:
+            self._holders.remove(ticket)
+        self._ledger.requeue(ticket)
+        self._lanes.push(ticket, self.static_key(ticket))
+        self._fill_slots()
+        return self._ledger.take()
+
     def on_recheck(self) -> list[Decision]:
         self._dispatch_waiting_lead()
         self._fill_slots()
@@ -320,6 +352,8 @@ class SerialScheduler:
             settings.slots,
             model_slots(config),
         )
+        self._preempt = settings.preempt
+        self._max_preemptions = settings.max_preemptions
         queued = sorted(self._lanes, key=lambda t: t.seq)
         self._lanes = _Lanes()  # static keys depend on agingDivisor: computed again
         for ticket in queued:
@@ -486,7 +520,10 @@ class SerialScheduler:
         best waiting request wants another, nothing more is granted for this one, and the
         swap happens as soon as the slots are free."""
         holders = self._holders
-        while self._lanes and not (holders and len(holders) >= self.slots(holders[0].model)):
+        while self._lanes:
+            full = bool(holders) and len(holders) >= self.slots(holders[0].model)
+            if full and not self._preempt:
+                return
             candidates = len(self._lanes)
             affinity = self._affinities()
             ticket, no_aging, no_affinity = self._choose(affinity)
@@ -496,8 +533,9 @@ class SerialScheduler:
             if ticket is None:
                 return  # every candidate is held: a Recheck wakes the scheduler
             if holders and (
-                ticket.model != holders[0].model or holders[0].state is RequestState.QUEUED
+                full or ticket.model != holders[0].model or holders[0].state is RequestState.QUEUED
             ):
+                self._preempt_for(ticket)
                 return
             if candidates >= 2:
                 self.aging_changed_picks += no_aging is not ticket
@@ -513,3 +551,30 @@ class SerialScheduler:
                 # Served, or its load started; if a model it evicts is busy, it keeps the
                 # slot, QUEUED, until that model drains (on_finish).
                 self._ledger.dispatch(ticket)
+
+    def _preempt_for(self, ticket: Ticket) -> None:
+        """Checkpoint the slot holders ``ticket`` outranks by a band, if that gives it the
+        slot: the lowest-ranked holder, for the holders' own model (its slots are full);
+        every holder, for another model. None if any of them may not be preempted."""
+        holders = self._holders
+        if not self._preempt or any(holder.preempting for holder in holders):
+            return  # one preemption at a time: the pick runs again when it comes back
+        if ticket.model == holders[0].model and holders[0].state is not RequestState.QUEUED:
+            victims = [min(holders, key=lambda t: (self.static_key(t), -t.seq))]
+        else:
+            victims = list(holders)
+        if all(self._outranks(ticket, victim) for victim in victims):
+            for victim in victims:
+                victim.preempting = True
+                self._ledger.decide(Preempt(victim))
+
+    def _outranks(self, ticket: Ticket, holder: Ticket) -> bool:
+        """Whether ``ticket``, waiting, may preempt ``holder``: it is serving, resumable,
+        preempted fewer than ``maxPreemptions`` times, and a band below ``ticket``."""
+        margin = PREEMPT_MARGIN * (self._divisor_ns or 1)
+        return (
+            holder.state is RequestState.SERVING
+            and holder.preemptible
+            and holder.preemptions < self._max_preemptions
+            and self.static_key(ticket) - self.static_key(holder) >= margin
+        )

@@ -15,7 +15,7 @@ across GPUs (``memory.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -64,7 +64,7 @@ class Policy:
 
     name: str
     use: Literal["fifo", "serial"] | None = None
-    serial: Mapping[str, int] = attrs.field(factory=dict)
+    serial: Mapping[str, Any] = attrs.field(factory=dict)
     ignore_priority: bool = False
     min_residency: float | None = None  # None: the config's
 

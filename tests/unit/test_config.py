@@ -311,9 +311,9 @@ def test_unknown_key_with_a_close_match_suggests_it_before_the_known_keys() -> N
         "models.m.tll": (
             "unknown key 'tll'; did you mean 'ttl'? this table's keys are 'aliases', "
             "'anthropic', 'checkEndpoint', 'cmd', 'cmdStop', 'concurrencyLimit', "
-            "'description', 'env', 'files', 'filters', 'memory', 'metadata', 'name', 'proxy', "
-            "'sendLoadingState', 'slots', 'timeouts', 'ttl', 'unlisted', 'unloadTimeout', "
-            "'useModelName'"
+            "'description', 'env', 'files', 'filters', 'memory', 'metadata', 'name', "
+            "'preemptible', 'proxy', 'sendLoadingState', 'slots', 'timeouts', 'ttl', "
+            "'unlisted', 'unloadTimeout', 'useModelName'"
         )
     }
 
@@ -339,7 +339,8 @@ def test_unknown_key_is_reported_at_its_own_path() -> None:
     assert found == {
         "routing.scheduler.settings.serial.agingDivizor": (
             "unknown key 'agingDivizor'; did you mean 'agingDivisor'? this table's keys are "
-            "'agingDivisor', 'maxQueued', 'slots', 'swapAffinityBonus'"
+            "'agingDivisor', 'maxPreemptions', 'maxQueued', 'preempt', 'slots', "
+            "'swapAffinityBonus'"
         )
     }
 
