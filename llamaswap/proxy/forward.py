@@ -405,10 +405,14 @@ class Forwarder:
                 else:
                     await self._relay_messages(exchange, response, reply, upstream.translation)
         except UpstreamFailed as exc:
-            if exchange.lease is not None:  # a local model: has its server died?
-                await self._router.notice_exit(exchange.model)
-            detail = f"broke off mid-response: {exc}" if exc.answered else str(exc)
-            raise UpstreamError(exchange.model, detail) from exc
+            raise await self._upstream_error(exchange, exc) from exc
+
+    async def _upstream_error(self, exchange: Exchange, exc: UpstreamFailed) -> UpstreamError:
+        """What the client is told of a broken upstream exchange (a 502)."""
+        if exchange.lease is not None:  # a local model: has its server died?
+            await self._router.notice_exit(exchange.model)
+        detail = f"broke off mid-response: {exc}" if exc.answered else str(exc)
+        return UpstreamError(exchange.model, detail)
 
     async def _resumably(
         self,
@@ -449,6 +453,8 @@ class Forwarder:
                 model = self._config.models.get(exchange.model)
                 if model is not None:
                     upstream = attrs.evolve(upstream, base=model.proxy, timeouts=model.timeouts)
+        except UpstreamFailed as exc:
+            raise await self._upstream_error(exchange, exc) from exc
         finally:
             if generation.segments > 1:
                 exchange.metadata["recomputed_prompt_tokens"] = generation.recomputed
@@ -464,22 +470,28 @@ class Forwarder:
     ) -> bool:
         """One segment of a resumable generation; False if it was preempted.
 
+        A later segment whose connection the model server closed before answering (an
+        idle one it dropped as llama-server does after a cancelled stream) is sent once
+        more, on another: nothing of it reached the client, and it starts from the same
+        checkpoint.
+
         *Cancellation*: the upstream's reads happen in ``lease.preemption()`` scopes, which
         a preemption cancels (closing the upstream connection, so the model server stops);
         the writes to the client never do, so a preemption cannot cut one short.
         """
+        content = generation.body()
         async with AsyncExitStack() as stack:
-            with lease.preemption() as preemption:
-                response = await stack.enter_async_context(
-                    self._pool.request(
-                        "POST",
-                        upstream.base,
-                        upstream.path,
-                        headers,
-                        generation.body(),
-                        upstream.timeouts,
-                    )
+            for attempt in (1, 2):
+                request = self._pool.request(
+                    "POST", upstream.base, upstream.path, headers, content, upstream.timeouts
                 )
+                try:
+                    with lease.preemption() as preemption:
+                        response = await stack.enter_async_context(request)
+                    break
+                except UpstreamFailed as exc:
+                    if exc.answered or attempt == 2 or generation.segments == 1:
+                        raise
             if preemption.cancelled_caught:
                 return False
             content_type = response.header(b"content-type")
