@@ -458,6 +458,14 @@ class Forwarder:
         finally:
             if generation.segments > 1:
                 exchange.metadata["recomputed_prompt_tokens"] = generation.recomputed
+        if generation.repeated:
+            exchange.metadata["prefill_ignored"] = True
+            logger.warning(
+                "model %r answered request #%d again from its start when asked to go on: it "
+                "ignores a prefill; set preemptible = false for it",
+                exchange.model,
+                lease.id,
+            )
 
     async def _segment(
         self,

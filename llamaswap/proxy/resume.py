@@ -127,6 +127,7 @@ class Generation:
         self._usage: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None  # the last event (/completion's final)
         self._timings: object = None
+        self._start = 0  # where the segment in progress begins in ``text``
         self._pending = b""
         self._dropped = False  # an event's data line was dropped: so is its blank line
 
@@ -143,7 +144,7 @@ class Generation:
             document["return_tokens"] = True
         if self.tokens:
             self._continue(document)
-        self._before = self.tokens
+        self._before, self._start = self.tokens, len(self.text)
         self._pending = b""
         self.segments += 1
         return json.dumps(document).encode()
@@ -293,6 +294,13 @@ class Generation:
         completion += self._before
         return {**usage, "prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}  # fmt: skip
+
+    @property
+    def repeated(self) -> bool:
+        """The segment in progress, a resumed one, began with the whole text before it:
+        its server answered from the start, ignoring what it was asked to continue."""
+        before = self.text[: self._start]
+        return self.segments > 1 and self.text.startswith(before, self._start)
 
     # ------------------------------------------------------------------ answer
 

@@ -298,16 +298,18 @@ async def preempted_stream(
     was preempted once and ended with at most one ``[DONE]``."""
     raw, interrupted = "", False
     headers = {"X-LlamaSwap-Priority": "batch"}
-    async with trio.open_nursery() as nursery:
-        async with client.stream("POST", path, json=body, headers=headers) as stream:
-            assert stream.status_code == 200
-            async for piece in stream.aiter_text():
-                raw += piece
-                if not interrupted and raw.count("data: ") >= 3:
-                    interrupted = True
-                    mark = len(proxy.output.lines)
-                    nursery.start_soon(interactive_request, client, path)
-                    await proxy.output.wait_for(r"preempting request #\d+", start=mark)
+    async with (
+        trio.open_nursery() as nursery,
+        client.stream("POST", path, json=body, headers=headers) as stream,
+    ):
+        assert stream.status_code == 200
+        async for piece in stream.aiter_text():
+            raw += piece
+            if not interrupted and raw.count("data: ") >= 3:
+                interrupted = True
+                mark = len(proxy.output.lines)
+                nursery.start_soon(interactive_request, client, path)
+                await proxy.output.wait_for(r"preempting request #\d+", start=mark)
     data = [line[5:].strip() for line in raw.split("\n") if line.startswith("data:")]
     assert data.count("[DONE]") <= 1
     records = (await client.get("/api/activity?model=tiny-a")).json()["activity"]

@@ -4,14 +4,15 @@ where it stopped, with the fake server's exact continuation (docs/fake_server.md
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import httpx
 import trio
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import ProxyProcess
-from tests.e2e.test_operations import wait_for_request
+from tests.e2e.test_operations import inflight, wait_for_request
 from tests.e2e.test_proxy import chat, config
 
 PREEMPT = config(
@@ -139,3 +140,154 @@ async def test_a_whole_answer_is_resumed_after_a_swap_and_back(
             await answered.wait()
             [record] = [r for r in await activity_of(client, "a") if r["priority"] == -100]
             assert record["metadata"]["preemptions"] == 1
+
+
+#: b takes a second to load, so a batch request preempted for it stays paused that long.
+SLOW_B = config(
+    """
+[models.a]
+cmd = "${fake} --tokens-per-second 40"
+[models.b]
+cmd = "${fake} --load-seconds 1"
+[routing.scheduler]
+use = "serial"
+[routing.scheduler.settings.serial]
+preempt = true
+"""
+)
+
+
+async def paused_batch_stream(
+    proxy: ProxyProcess, client: httpx.AsyncClient, nursery: trio.Nursery, done: list[str]
+) -> tuple[httpx.Response, AsyncGenerator[str, None], str]:
+    """Open a streamed batch request for ``a`` and return once it has streamed a little
+    and is paused for an interactive request for ``b`` (which loads for a second): the
+    response, its text's iterator (kept: a dropped one closes the response) and the text
+    so far."""
+    body = chat("a", max_tokens=LONG, stream=True)
+    request = client.build_request("POST", "/v1/chat/completions", json=body, headers=BATCH)
+    stream = await client.send(request, stream=True)
+    assert stream.status_code == 200
+    raw, pieces = "", cast(AsyncGenerator[str, None], stream.aiter_text())
+    async for piece in pieces:
+        raw += piece
+        if raw.count('"content"') >= 3:
+            break
+    mark = len(proxy.output.lines)
+    nursery.start_soon(interrupt, proxy, client, "b", done)
+    await proxy.output.wait_for(r"request #\d+ for 'a' preempted after \d+ tokens", start=mark)
+    return stream, pieces, raw
+
+
+async def test_a_client_that_leaves_while_paused_leaves_the_queue(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(SLOW_B)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = json.dumps(chat("a", max_tokens=LONG, stream=True)).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\nX-LlamaSwap-Priority: batch\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            done: list[str] = []
+            socket = await trio.open_tcp_stream(host, int(port))
+            await socket.send_all(head + body)
+            seen = b""
+            while seen.count(b'"content"') < 3:
+                seen += await socket.receive_some()
+            mark = len(proxy.output.lines)
+            nursery.start_soon(interrupt, proxy, client, "b", done)
+            await proxy.output.wait_for(r"request #\d+ for 'a' preempted after", start=mark)
+            await socket.aclose()  # the client leaves while its request is paused
+            # It leaves the queue at once, though b is still loading.
+            while any(e["model"] == "a" for e in await inflight(client)):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            assert done == []
+        with trio.fail_after(60):
+            while done != ["b"]:  # noqa: ASYNC110 (the answer comes over HTTP)
+                await trio.sleep(0.02)
+            assert (await client.get("/api/inflight")).json()["inflight"] == []
+            # Nothing wants a any more: it is not loaded back.
+            running = {m["model"] for m in (await client.get("/running")).json()["running"]}
+            assert running == {"b"}
+            [record] = [r for r in await activity_of(client, "a") if r["priority"] == -100]
+            assert record["metadata"]["preemptions"] == 1
+            assert record["error"] == "client disconnected"
+
+
+async def test_an_unload_while_paused_ends_the_stream_with_a_503(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(SLOW_B)
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            done: list[str] = []
+            stream, pieces, raw = await paused_batch_stream(proxy, client, nursery, done)
+            unloaded = await client.post("/api/models/unload/a")
+            assert unloaded.status_code == 200, unloaded.text
+            async for piece in pieces:
+                raw += piece
+            await stream.aclose()
+            last = json.loads(
+                [line for line in raw.split("\n") if line.startswith("data:")][-1][5:]
+            )
+            assert "unloaded" in last["error"]["message"]
+            assert last["error"]["code"] == "model_unloaded"
+
+
+IGNORES_PREFILL = config(
+    """
+[models.a]
+cmd = "${fake} --tokens-per-second 40 --ignore-prefill"
+[routing.scheduler]
+use = "serial"
+[routing.scheduler.settings.serial]
+preempt = true
+"""
+)
+
+
+async def test_a_server_that_ignores_the_prefill_ends_cleanly_and_is_named(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(IGNORES_PREFILL)
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            body = chat("a", max_tokens=LONG, stream=True)
+            raw, done = "", list[str]()
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=BATCH
+            ) as stream:
+                async for piece in stream.aiter_text():
+                    raw += piece
+                    if raw.count('"content"') == 5 and not done and not nursery.child_tasks:
+                        nursery.start_soon(interrupt, proxy, client, "a", done)
+            chunks = events(raw)  # one [DONE], at the end
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+            await proxy.output.wait_for(r"ignores a prefill; set preemptible = false")
+            [record] = [r for r in await activity_of(client, "a") if r["priority"] == -100]
+            assert record["metadata"]["prefill_ignored"] is True
+
+
+async def test_a_request_that_opts_out_is_not_preempted(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(PREEMPT)
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            done: list[str] = []
+            headers = {**BATCH, "X-LlamaSwap-Preemptible": "false"}
+            body = chat("a", max_tokens=LONG // 3, stream=True)
+            raw = ""
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=headers
+            ) as stream:
+                async for piece in stream.aiter_text():
+                    raw += piece
+                    if raw.count('"content"') == 2 and not nursery.child_tasks:
+                        mark = len(proxy.output.lines)
+                        nursery.start_soon(interrupt, proxy, client, "a", done)
+                        await proxy.output.wait_for(r"for 'a': queued", start=mark)
+            assert done == []  # it waited for the batch answer's end
+            assert "preempting" not in "\n".join(proxy.output.lines)
