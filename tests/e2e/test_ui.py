@@ -11,8 +11,9 @@ The browser is Debian's ``chromium`` (``apt-get install -y chromium``, which
 ``./scripts/check`` runs when it can); Playwright's own browser download is not used.
 Without Playwright or without Chromium the browser tests skip, saying which is missing.
 
-``test_screenshots`` writes its pictures to a temporary directory, or to the directory
-named by ``$LLAMASWAP_UI_SCREENSHOTS`` (``docs/img`` refreshes the documentation's).
+``test_screenshots`` (and the preemption test, its ``queue-paused.png``) write their pictures
+to a temporary directory, or to the directory named by ``$LLAMASWAP_UI_SCREENSHOTS``
+(``docs/img`` refreshes the documentation's).
 """
 
 from __future__ import annotations
