@@ -2,11 +2,12 @@
 
 Two kinds of series. Event counts and durations (requests, tokens, loads) are
 ``prometheus_client`` counters and histograms, updated as things happen. Everything that is
-a *state* (queue depth and oldest wait by band, dispatches, changed picks, model states,
-in-flight requests) is read from ``statistics()`` snapshots at scrape time by a collector,
-so the exposition can never drift from the scheduler. All five band labels are always
-present. The scheduler's counters (dispatches, changed picks) also add the final counts of
-the schedulers a reload switched out (``Source.retired_counts``), so they never go back.
+a *state* (queue depth and oldest wait by band, dispatches, preemptions, changed picks,
+model states, in-flight requests) is read from ``statistics()`` snapshots at scrape time
+by a collector, so the exposition can never drift from the scheduler. All five band labels
+are always present. The scheduler's counters (dispatches, preemptions, changed picks) also
+add the final counts of the schedulers a reload switched out (``Source.retired_counts``),
+so they never go back.
 
 A model the router forgets (a reload removed it, and it has stopped) leaves every series:
 ``forget`` removes its labelled children, and the collector reads only the supervisors
@@ -208,11 +209,17 @@ class _Snapshots(Collector):
         dispatched = CounterMetricFamily(
             "llamaswap_scheduler_dispatch", "Requests dispatched, by band.", labels=["band"]
         )
+        preempted = CounterMetricFamily(
+            "llamaswap_scheduler_preemptions",
+            "Serving requests checkpointed for more urgent work, by their band.",
+            labels=["band"],
+        )
         for band, numbers in stats.bands.items():
             depth.add_metric([band], numbers.depth)
             oldest.add_metric([band], numbers.oldest_wait)
             dispatched.add_metric([band], counts.dispatched[band])
-        yield from (depth, oldest, dispatched)
+            preempted.add_metric([band], counts.preempted.get(band, 0))
+        yield from (depth, oldest, dispatched, preempted)
         yield CounterMetricFamily(
             "llamaswap_scheduler_aging_changed_pick",
             "Picks that would have gone to another request without the aging term.",

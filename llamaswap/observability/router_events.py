@@ -13,14 +13,18 @@ Everything here is derived from the router's one stream of events (``Router.obse
   most every 100 ms), built once the router's step is over, when its supervisor has
   heard of the change too. **The times are read from the router's own statistics, never
   re-derived here.**
-- ``request``: a request's lifecycle. ``queued`` at admission and ``done`` /
-  ``cancelled`` at release come from ``RequestChanged``; ``loading`` (``JoinSwap``),
-  ``serving`` (``Grant``) and ``failed`` (``Fail``, with the error) from the scheduler's
-  decisions as the router applies them (``DecisionApplied``). A
-  scheduler decides in one synchronous step and the router applies its decisions in
-  order, so **every request's events arrive in lifecycle order**: ``queued``, then
-  ``loading`` if it waited for a load, then ``serving`` and ``done``, or ``failed`` or
-  ``cancelled``.
+- ``request``: a request's lifecycle. ``queued`` at admission, ``paused`` when it
+  was checkpointed and waits again, and ``done`` / ``cancelled`` at release come from
+  ``RequestChanged``; ``loading`` (``JoinSwap``), ``serving`` (``Grant``),
+  ``preempting`` (``Preempt``: it still serves until its task checkpoints it) and
+  ``failed`` (``Fail``, with the error) from the scheduler's decisions as the router
+  applies them (``DecisionApplied``). A scheduler decides in one synchronous step and the
+  router applies its decisions in order, so **every request's events arrive in
+  lifecycle order**: ``queued``, then ``loading`` if it waited for a load, then
+  ``serving`` and ``done``, or ``failed`` or ``cancelled``; a preempted one goes
+  ``serving``, ``preempting``, ``paused`` and round again from ``loading`` or
+  ``serving``. Each carries ``preemptions``, ``paused`` and ``paused_ms``, as
+  ``/api/inflight`` does.
 - ``queue``: per-band depth and oldest wait, the waiting requests in serve order and,
   under ``serial``, their scores, and when each waiting request (queued or loading) is
   estimated to start (``estimates.py``: one pass over the queue, so it is here, on the
@@ -42,6 +46,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any, final
 
+import attrs
 import trio
 
 from llamaswap.process import ModelState
@@ -53,7 +58,16 @@ from llamaswap.router.events import (
     RouterEvent,
 )
 from llamaswap.router.lease import Lease, RequestInfo, ticket_info
-from llamaswap.schedulers import Decision, Fail, Grant, JoinSwap, StartSwap, Ticket
+from llamaswap.schedulers import (
+    Decision,
+    Fail,
+    Grant,
+    JoinSwap,
+    Preempt,
+    RequestState,
+    StartSwap,
+    Ticket,
+)
 
 from .activity import ActivityLog, ActivityRecord
 from .estimates import estimates
@@ -122,8 +136,13 @@ class RouterEvents:
             return
         self._hub.publish_soon(_QUEUE, self._queue_event)
         self._model_soon(lease.ticket.model)  # wanted by one more, or one fewer
-        if event != "failed":  # published with its error when the Fail was applied
-            self._hub.publish(_from_info(lease.info(), event, trio.current_time()))
+        if event == "failed":
+            return  # published with its error when the Fail was applied
+        now = trio.current_time()
+        info = lease.info()
+        if event == "paused":
+            info = _pausing(info, now)
+        self._hub.publish(_from_info(info, event, now))
 
     def on_decision(self, decision: Decision) -> None:
         if not self._hub.active:
@@ -136,6 +155,8 @@ class RouterEvents:
             self._model_soon(decision.ticket.model)  # one more in flight
         elif isinstance(decision, Fail):
             self._hub.publish(_from_ticket(decision.ticket, "failed", str(decision.error)))
+        elif isinstance(decision, Preempt) and decision.ticket.state is RequestState.SERVING:
+            self._hub.publish(_from_ticket(decision.ticket, "preempting"))
         elif isinstance(decision, StartSwap):
             swap = decision.swap
             evict = sorted(swap.evict)
@@ -230,8 +251,20 @@ def _from_info(info: RequestInfo, state: str, now: float, error: str | None = No
         "band": info.band,
         "score": info.score,
         "waited_ms": _ms(info.waited(now)),  # as in /api/inflight
+        "preemptions": info.preemptions,
+        "paused": info.paused,
+        "paused_ms": None if (paused := info.paused_for(now)) is None else _ms(paused),
         "error": error,
     }
+
+
+def _pausing(info: RequestInfo, now: float) -> RequestInfo:
+    """A request ``Router.resume`` pauses, as it is about to be: the router tells of the
+    pause before the scheduler takes it back (so that a grant of it comes after), while
+    its ticket still says it serves."""
+    if info.paused:
+        return info
+    return attrs.evolve(info, state="queued", preemptions=info.preemptions + 1, paused_at=now)
 
 
 def _from_ticket(ticket: Ticket, state: str, error: str | None = None) -> Event:

@@ -75,7 +75,9 @@ def inflight_entry(
     (served, or its load started or joined), as the activity log's ``queue_wait_ms``;
     ``position`` is its 1-based place in the order the scheduler will serve the queue;
     ``eta_seconds``, the estimated seconds until it starts (0 once served; ``None``: no
-    estimate)."""
+    estimate); ``preemptions``, how often it was checkpointed for more urgent work, and
+    ``paused`` with ``paused_ms``, whether it waits again after one, and since when."""
+    paused_for = info.paused_for(now)
     return {
         "id": info.id,
         "model": info.model,
@@ -89,6 +91,9 @@ def inflight_entry(
         "route": info.route,
         "position": position,
         "eta_seconds": None if eta_seconds is None else round(eta_seconds, 3),
+        "preemptions": info.preemptions,
+        "paused": info.paused,
+        "paused_ms": None if paused_for is None else round(paused_for * 1000, 3),
     }
 
 

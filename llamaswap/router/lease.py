@@ -53,11 +53,18 @@ class RequestInfo:
     client: str | None = None  # "host:port" of the HTTP client, when known
     route: str = ""  # e.g. "POST /v1/chat/completions"
     preemptions: int = 0  # how often it was checkpointed so far
+    paused_at: float | None = None  # when it was last checkpointed
 
     @property
     def paused(self) -> bool:
         """Waiting again after it was preempted, to go on where it stopped."""
         return self.preemptions > 0 and self.state in ("queued", "loading")
+
+    def paused_for(self, now: float) -> float | None:
+        """Seconds since it was checkpointed, while it is ``paused``; else ``None``."""
+        if not self.paused or self.paused_at is None:
+            return None
+        return now - self.paused_at
 
     @property
     def queue_wait(self) -> float | None:
@@ -85,6 +92,7 @@ def ticket_info(ticket: Ticket, *, client: str | None = None, route: str = "") -
         client=client,
         route=route,
         preemptions=ticket.preemptions,
+        paused_at=ticket.paused_at,
     )
 
 

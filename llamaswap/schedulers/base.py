@@ -107,6 +107,8 @@ class Ticket:
             from its route and body; ``serial`` with ``preempt`` reads it).
         preemptions: how often it was preempted so far.
         preempting: a ``Preempt`` for it was decided, and it has not come back yet.
+        paused_at: when it was last checkpointed (it waits again from then); ``None`` if
+            never.
         metadata: what the scheduler wants in the activity log (e.g. ``affinity``).
 
     A ticket is the scheduler's own record: plain data, no Trio object. Everyone else
@@ -126,6 +128,7 @@ class Ticket:
     preemptible: bool = False
     preemptions: int = 0
     preempting: bool = False
+    paused_at: float | None = None
     metadata: dict[str, object] = attrs.field(factory=dict, repr=False)
 
     @property
@@ -244,6 +247,7 @@ class BandStatistics:
     depth: int = 0
     oldest_wait: float = 0.0
     dispatched: int = 0
+    preempted: int = 0  # ``Preempt`` decisions for requests of the band
 
 
 @attrs.frozen
@@ -277,8 +281,8 @@ class Handover:
 
 @attrs.frozen
 class SchedulerCounts:
-    """The counters in a scheduler's statistics: requests dispatched by band, and the picks
-    aging and affinity changed.
+    """The counters in a scheduler's statistics: requests dispatched and preempted by band,
+    and the picks aging and affinity changed.
 
     A scheduler counts from when it is made. A reload that switches schedulers retires
     one, and ``surrender()`` leaves it nothing, so its counts are final from then on: the
@@ -289,6 +293,7 @@ class SchedulerCounts:
     dispatched: Mapping[str, int] = attrs.field(factory=dict)
     aging_changed_picks: int = 0
     affinity_changed_picks: int = 0
+    preempted: Mapping[str, int] = attrs.field(factory=dict)
 
     @classmethod
     def of(cls, statistics: SchedulerStatistics) -> SchedulerCounts:
@@ -297,15 +302,20 @@ class SchedulerCounts:
             {band: numbers.dispatched for band, numbers in bands.items()},
             statistics.aging_changed_picks,
             statistics.affinity_changed_picks,
+            {band: numbers.preempted for band, numbers in bands.items()},
         )
 
     def __add__(self, other: SchedulerCounts) -> SchedulerCounts:
-        bands = {*self.dispatched, *other.dispatched}
         return SchedulerCounts(
-            {b: self.dispatched.get(b, 0) + other.dispatched.get(b, 0) for b in bands},
+            _sum(self.dispatched, other.dispatched),
             self.aging_changed_picks + other.aging_changed_picks,
             self.affinity_changed_picks + other.affinity_changed_picks,
+            _sum(self.preempted, other.preempted),
         )
+
+
+def _sum(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    return {key: a.get(key, 0) + b.get(key, 0) for key in {*a, *b}}
 
 
 class Scheduler(Protocol):

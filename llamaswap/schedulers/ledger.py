@@ -42,6 +42,7 @@ from .base import (
     Grant,
     Handover,
     JoinSwap,
+    Preempt,
     Recheck,
     RequestState,
     StartSwap,
@@ -106,6 +107,7 @@ class Ledger:
         self.admitted: dict[str, set[Ticket]] = {}
         self.swaps: dict[str, Swap] = {}
         self.dispatched: collections.Counter[str] = collections.Counter()
+        self.preempted: collections.Counter[str] = collections.Counter()
         self.closed: RequestError | None = None
         self._outbox: list[Decision] = []
         self._granting: collections.Counter[str] = collections.Counter()
@@ -121,9 +123,11 @@ class Ledger:
         self.limits = limits
         self.min_residency = min_residency
 
-    def decide(self, decision: Decision) -> None:
-        """Write down a decision a scheduler makes itself (``Preempt``)."""
-        self._outbox.append(decision)
+    def preempt(self, ticket: Ticket) -> None:
+        """Checkpoint the serving ``ticket`` (``Preempt``), counted by its band."""
+        ticket.preempting = True
+        self.preempted[ticket.band] += 1
+        self._outbox.append(Preempt(ticket))
 
     def take(self) -> list[Decision]:
         """The decisions made since the last call, in order; the event's return value."""
@@ -174,6 +178,7 @@ class Ledger:
         ticket.preempting = False
         ticket.score = None
         ticket.granted_at = None
+        ticket.paused_at = self.world.now()
 
     def fail(self, ticket: Ticket, error: RequestError) -> None:
         self.release(ticket)
@@ -418,7 +423,9 @@ class Ledger:
             depth[band] += 1
             oldest[band] = max(oldest.get(band, 0.0), now - ticket.arrival)
         return {
-            band: BandStatistics(depth[band], oldest.get(band, 0.0), self.dispatched[band])
+            band: BandStatistics(
+                depth[band], oldest.get(band, 0.0), self.dispatched[band], self.preempted[band]
+            )
             for band in BANDS
         }
 

@@ -82,7 +82,6 @@ from llamaswap.process.state import ModelState
 from .base import (
     Decision,
     Handover,
-    Preempt,
     RequestState,
     SchedulerStatistics,
     Swap,
@@ -565,8 +564,7 @@ class SerialScheduler:
             victims = list(holders)
         if all(self._outranks(ticket, victim) for victim in victims):
             for victim in victims:
-                victim.preempting = True
-                self._ledger.decide(Preempt(victim))
+                self._ledger.preempt(victim)
 
     def _outranks(self, ticket: Ticket, holder: Ticket) -> bool:
         """Whether ``ticket``, waiting, may preempt ``holder``: it is serving, resumable,

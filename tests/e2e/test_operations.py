@@ -50,6 +50,9 @@ FIELDS = {
     "route",
     "position",
     "eta_seconds",
+    "preemptions",
+    "paused",
+    "paused_ms",
 }
 
 

@@ -11,8 +11,9 @@ The browser is Debian's ``chromium`` (``apt-get install -y chromium``, which
 ``./scripts/check`` runs when it can); Playwright's own browser download is not used.
 Without Playwright or without Chromium the browser tests skip, saying which is missing.
 
-``test_screenshots`` writes its pictures to a temporary directory, or to the directory
-named by ``$LLAMASWAP_UI_SCREENSHOTS`` (``docs/img`` refreshes the documentation's).
+``test_screenshots`` (and the preemption test, its ``queue-paused.png``) write their pictures
+to a temporary directory, or to the directory named by ``$LLAMASWAP_UI_SCREENSHOTS``
+(``docs/img`` refreshes the documentation's).
 """
 
 from __future__ import annotations
@@ -416,6 +417,112 @@ async def test_the_queue_in_score_order_and_cancel_from_the_page(
             ids["batch"],
         }
         nursery.cancel_scope.cancel()
+
+
+PREEMPT = config(
+    """
+[models.alpha]
+cmd = "${fake} --tokens-per-second 10"
+[models.slow]
+cmd = "${fake} --load-seconds 60"
+[routing.scheduler]
+use = "serial"
+[routing.scheduler.settings.serial]
+preempt = true
+"""
+)
+
+
+async def paused(client: httpx.AsyncClient, request_id: int) -> dict[str, Any]:
+    """Request ``request_id``'s /api/inflight entry once it is paused (polls, bounded by
+    the caller's ``fail_after``)."""
+    while True:
+        for entry in await inflight(client):
+            if entry["id"] == request_id and entry["paused"]:
+                return entry
+        await trio.sleep(0.02)
+
+
+@needs_browser
+async def test_a_preempted_request_shows_paused_in_the_queue_then_resumed(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """Under serial with preempt, a streamed batch answer from alpha is preempted by an
+    interactive request for slow, whose load takes a minute: the batch one waits, paused,
+    for as long as the test looks. Cancelling the interactive one from the page resumes it.
+    The picture goes to ``$LLAMASWAP_UI_SCREENSHOTS`` (``queue-paused.png``) when set."""
+    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+    proxy = await proxy_factory(PREEMPT)
+    answers: dict[str, httpx.Response] = {}
+    answered = trio.Event()
+    streamed: list[str] = []
+    ids: dict[str, int] = {}
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+
+        async def batch() -> None:
+            body = chat("alpha", max_tokens=600, stream=True)  # a minute at 10 tokens/s
+            headers = {PRIORITY: "batch"}
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=headers
+            ) as stream:
+                async for piece in stream.aiter_text():
+                    streamed.append(piece)
+
+        async def interactive() -> None:
+            body = chat("slow", max_tokens=1)
+            headers = {PRIORITY: "interactive"}
+            answers["interactive"] = await client.post(
+                "/v1/chat/completions", json=body, headers=headers
+            )
+            answered.set()
+
+        with trio.fail_after(30):
+            known: set[int] = set()
+            nursery.start_soon(batch)
+            ids["batch"] = await new_request(client, known, "serving")
+            nursery.start_soon(interactive)  # preempts it: slow must load
+            ids["interactive"] = await new_request(client, known, "loading")
+            entry = await paused(client, ids["batch"])
+            assert (entry["state"], entry["preemptions"]) == ("queued", 1)
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            row = page.locator(f'#waiting tbody tr[data-key="{ids["batch"]}"]')
+            expect(row.locator('[data-role="paused"]')).to_have_text("paused", timeout=WAIT)
+            expect(row.locator('[data-role="paused"]')).to_be_visible()
+            expect(row.locator('[data-role="preempted-text"]')).to_have_text(
+                re.compile(r"^preempted 1 time · for (\d+ ms|\d+\.\d+ s)$"), timeout=WAIT
+            )
+            expect(row.locator('[data-role="preempted"]')).to_have_attribute(
+                "title", re.compile(r"^preempted 1 time for more urgent work")
+            )
+            loading = page.locator(f'#running tbody tr[data-key="{ids["interactive"]}"]')
+            expect(loading.locator('[data-role="state"]')).to_have_text("loading", timeout=WAIT)
+            expect(loading.locator('[data-role="preempted"]')).to_be_hidden()
+            page.locator("#queue-panel").screenshot(
+                path=target / "queue-paused.png", animations="disabled"
+            )
+            # Its load cancelled, the interactive request leaves; the batch one goes on.
+            loading.get_by_role("button", name="Cancel").click()
+            expect(row).to_have_count(0, timeout=WAIT)
+            resumed = page.locator(f'#running tbody tr[data-key="{ids["batch"]}"]')
+            expect(resumed.locator('[data-role="state"]')).to_have_text("serving", timeout=WAIT)
+            resumed_text = resumed.locator('[data-role="preempted-text"]')
+            expect(resumed_text).to_have_text("preempted 1 time")
+            expect(resumed.locator('[data-role="paused"]')).to_be_hidden()
+            assert tab.errors == []
+
+        await in_browser(proxy.url, body)
+        with trio.fail_after(10):
+            await answered.wait()
+        cancelled_error(answers["interactive"], ids["interactive"])
+        [entry] = await inflight(client)
+        assert (entry["id"], entry["state"], entry["preemptions"]) == (ids["batch"], "serving", 1)
+        assert not entry["paused"]
+        assert streamed  # its stream went on
+        nursery.cancel_scope.cancel()
+    assert (await trio.Path(target / "queue-paused.png").stat()).st_size > 5_000
 
 
 @needs_browser

@@ -14,9 +14,23 @@ import pytest
 import trio
 import trio.testing
 
-from llamaswap.config.model import Config, ModelConfig, Routing, SchedulerSection
+from llamaswap.config.model import (
+    Config,
+    ModelConfig,
+    Routing,
+    SchedulerSection,
+    SchedulerSettings,
+    SerialSettings,
+)
 from llamaswap.errors import ModelStartFailed
-from llamaswap.observability import ActivityLog, ActivityRecord, EventHub, Logs, RouterEvents
+from llamaswap.observability import (
+    ActivityLog,
+    ActivityRecord,
+    EventHub,
+    Logs,
+    Metrics,
+    RouterEvents,
+)
 from llamaswap.observability.events import PING, Event, encode_sse, next_sse
 from llamaswap.observability.feed import Dropped, Feed
 from llamaswap.observability.logs import capture_logs
@@ -309,6 +323,9 @@ async def test_load_serve_unload_arrive_in_order(
         "band": "interactive",
         "score": serving["score"],  # serial's pick score; None under fifo
         "waited_ms": 0.0,  # dispatched at once: its load started
+        "preemptions": 0,
+        "paused": False,
+        "paused_ms": None,
         "error": None,
     }
     assert (serving["score"] is None) == (scheduler == "fifo")
@@ -509,6 +526,70 @@ async def test_queue_events_score_the_waiting_requests_under_serial(
         assert changed["scores"] == pytest.approx([11.0, -89.0], abs=0.01)
 
 
+async def test_a_preempted_request_is_preempting_then_paused_then_serving_again(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """Under serial with preempt, an interactive request checkpoints a batch one, whose
+    task gives its slot back and waits (as the forwarder does: ``Router.resume``)."""
+    spawner = FakeSpawner(nursery, Script(healthy_after=1.0))
+    serial = SerialSettings(preempt=True)
+    section = SchedulerSection(use="serial", settings=SchedulerSettings(serial=serial))
+    config = Config(models={"a": model(1)}, routing=Routing(scheduler=section))
+    router = Router(config, spawner=spawner, probe=FakeProbe(spawner))
+    hub = EventHub(interval=0.25)
+    events = RouterEvents(hub, router, ActivityLog())
+    events.connect()
+    await nursery.start(hub.run)
+    await nursery.start(router.run)
+    await router.load("a")
+    generated = trio.Event()
+
+    async def batch() -> None:
+        """Ten seconds of generation, checkpointed and resumed as often as it is told."""
+        lease = router.lease("a", priority=-100, preemptible=True)
+        async with router.acquire(lease):
+            left, start = 10.0, trio.current_time()
+            while True:
+                with lease.preemption() as preemption:
+                    await trio.sleep(left)
+                if not preemption.cancelled_caught:
+                    break
+                left -= trio.current_time() - start
+                await router.resume(lease)
+                start = trio.current_time()
+        generated.set()
+
+    async def interactive() -> None:
+        async with router.acquire(router.lease("a", priority=100)):
+            await trio.sleep(2.0)
+
+    with hub.subscribe() as feed:
+        nursery.start_soon(batch)
+        await trio.sleep(1.0)
+        start = trio.current_time()
+        nursery.start_soon(interactive)  # preempts the batch one at once
+        await trio.sleep(1.0)
+        [waiting] = [r for r in events.snapshot()["requests"] if r["priority"] == -100]
+        assert (waiting["state"], waiting["preemptions"]) == ("queued", 1)
+        assert (waiting["paused"], waiting["paused_ms"]) == (True, 1000.0)
+        with trio.fail_after(20):
+            await generated.wait()
+        assert trio.current_time() == start + 11.0  # 1 s, 2 s paused, the other 9 s
+        got = [e for e in take(feed) if e["type"] == "request" and e["priority"] == -100]
+    assert [(e["state"], e["preemptions"], e["paused"], e["paused_ms"]) for e in got] == [
+        ("queued", 0, False, None),
+        ("serving", 0, False, None),
+        ("preempting", 0, False, None),
+        ("paused", 1, True, 0.0),
+        ("serving", 1, False, None),
+        ("done", 1, False, None),
+    ]
+    assert {e["waited_ms"] for e in got} == {0.0}  # its one wait in the queue: none
+    scrape = Metrics(router).exposition().decode()  # and /metrics counted it, by its band
+    assert 'llamaswap_scheduler_preemptions_total{band="batch"} 1.0' in scrape
+    assert 'llamaswap_scheduler_preemptions_total{band="interactive"} 0.0' in scrape
+
+
 async def test_queue_events_have_no_scores_under_fifo(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
@@ -592,6 +673,9 @@ async def test_a_late_subscriber_gets_the_state_first(
             "band": "normal",
             "score": None,
             "waited_ms": 0.0,
+            "preemptions": 0,
+            "paused": False,
+            "paused_ms": None,
             "error": None,
         }
     ]

@@ -50,6 +50,7 @@ async def test_metrics_has_every_band_from_the_start(nursery: trio.Nursery) -> N
         assert f'llamaswap_scheduler_queue_depth{{band="{band}"}} 0.0' in text
         assert f'llamaswap_scheduler_queue_oldest_wait_seconds{{band="{band}"}} 0.0' in text
         assert f'llamaswap_scheduler_dispatch_total{{band="{band}"}} 0.0' in text
+        assert f'llamaswap_scheduler_preemptions_total{{band="{band}"}} 0.0' in text
         assert f'llamaswap_scheduler_queue_wait_seconds_count{{band="{band}"}} 0.0' in text
     assert "llamaswap_scheduler_aging_changed_pick_total 0.0" in text
     assert "llamaswap_scheduler_affinity_changed_pick_total 0.0" in text

@@ -42,7 +42,14 @@ def test_client_address() -> None:
     assert client_address(None) is None
 
 
-def info(*, arrival: float, dispatched_at: float | None, state: str) -> RequestInfo:
+def info(
+    *,
+    arrival: float,
+    dispatched_at: float | None,
+    state: str,
+    preemptions: int = 0,
+    paused_at: float | None = None,
+) -> RequestInfo:
     return RequestInfo(
         id=7,
         model="chat",
@@ -56,6 +63,8 @@ def info(*, arrival: float, dispatched_at: float | None, state: str) -> RequestI
         metadata={},
         client="127.0.0.1:5123",
         route="POST /v1/chat/completions",
+        preemptions=preemptions,
+        paused_at=paused_at,
     )
 
 
@@ -76,6 +85,9 @@ def test_inflight_entry_waits_until_dispatch() -> None:
         "route": "POST /v1/chat/completions",
         "position": None,
         "eta_seconds": None,
+        "preemptions": 0,
+        "paused": False,
+        "paused_ms": None,
     }
     serving = inflight_entry(
         info(arrival=990.0, dispatched_at=990.25, state="serving"), now=1000.0, wall_now=WALL
@@ -88,6 +100,29 @@ def test_inflight_entry_waits_until_dispatch() -> None:
         eta_seconds=12.3456,
     )
     assert estimated["eta_seconds"] == 12.346
+
+
+def test_a_paused_request_says_since_when_and_a_resumed_one_how_often() -> None:
+    """Checkpointed at 998.5, it waits again: its wait in the queue stays what it was up to
+    its first dispatch; ``paused_ms`` counts from its checkpoint."""
+    paused = info(
+        arrival=990.0, dispatched_at=990.25, state="queued", preemptions=1, paused_at=998.5
+    )
+    entry = inflight_entry(paused, now=1000.0, wall_now=WALL)
+    assert (entry["state"], entry["waited_ms"]) == ("queued", 250.0)
+    assert (entry["preemptions"], entry["paused"], entry["paused_ms"]) == (1, True, 1500.0)
+    loading = inflight_entry(
+        info(arrival=990.0, dispatched_at=990.25, state="loading", preemptions=2, paused_at=999.0),
+        now=1000.0,
+        wall_now=WALL,
+    )
+    assert (loading["paused"], loading["paused_ms"]) == (True, 1000.0)
+    resumed = inflight_entry(
+        info(arrival=990.0, dispatched_at=990.25, state="serving", preemptions=2, paused_at=999.0),
+        now=1000.0,
+        wall_now=WALL,
+    )
+    assert (resumed["preemptions"], resumed["paused"], resumed["paused_ms"]) == (2, False, None)
 
 
 def stats(

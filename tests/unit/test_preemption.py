@@ -5,7 +5,7 @@ from __future__ import annotations
 from llamaswap.errors import ModelUnloaded
 from llamaswap.process.state import ModelState
 from llamaswap.router.swappers.group import GroupSwapper
-from llamaswap.schedulers import FifoScheduler
+from llamaswap.schedulers import FifoScheduler, SchedulerCounts
 from llamaswap.schedulers.base import Preempt, RequestState, Ticket
 from llamaswap.schedulers.serial import SerialScheduler
 from tests.fakes import Driven, FakeWorld
@@ -244,3 +244,31 @@ def test_fifo_takes_back_a_request_a_serial_scheduler_preempted() -> None:
     fifo.on_preempted(t)
     assert fx.granted == [t, t]
     assert t.preemptions == 1
+
+
+def test_preemptions_are_counted_by_the_band_of_the_request_preempted() -> None:
+    fx = FakeWorld()
+    s = make(fx)
+    batch = serving(fx, s, request("a", 1, BATCH))
+    fx.time = 4.0
+    s.on_request(request("a", 2, INTERACTIVE))
+    assert fx.preempted == [batch]
+    bands = s.scheduler.statistics().bands
+    assert {band: numbers.preempted for band, numbers in bands.items()} == {
+        "above_interactive": 0,
+        "interactive": 0,
+        "normal": 0,
+        "batch": 1,
+        "below_batch": 0,
+    }
+    assert SchedulerCounts.of(s.scheduler.statistics()).preempted["batch"] == 1
+    fx.time = 4.5
+    s.on_preempted(batch)
+    assert batch.paused_at == 4.5  # it waits again from its checkpoint
+
+
+def test_retired_preemption_counts_add_up() -> None:
+    old = SchedulerCounts(preempted={"batch": 2}, dispatched={"batch": 3})
+    new = SchedulerCounts(preempted={"batch": 1, "normal": 1})
+    total = old + new
+    assert (total.preempted, total.dispatched) == ({"batch": 3, "normal": 1}, {"batch": 3})

@@ -1,13 +1,19 @@
 // Queue: depth and oldest wait per band; the waiting requests in the order the scheduler
 // will serve them, with their scores and, where llamaswap estimates it, a bar of how far
 // each is from starting; the requests loading or being served. Each has a Cancel button
-// (POST /api/inflight/{id}/cancel: its client gets a 499).
+// (POST /api/inflight/{id}/cancel: its client gets a 499). A request preempted for more
+// urgent work (serial with preempt) waits again, marked paused: how often it was
+// preempted and for how long it has been paused.
 
 import * as api from "./api.js";
 import { $, batched, h, setAttr, setText, syncList, toast } from "./dom.js";
 import * as fmt from "./format.js";
 
 const FINISHED = new Set(["done", "failed", "cancelled"]);
+
+// Waiting for its turn: queued, or paused after a preemption (a "paused" event; a
+// snapshot says "queued" with paused true).
+const waits = (request) => request.state === "queued" || request.state === "paused";
 
 export function mountQueue(store) {
   const bandsBody = $("#bands tbody");
@@ -29,9 +35,50 @@ export function mountQueue(store) {
   }
 
   // Time in the queue, counted on from the last event while it waits (and while the page
-  // is live: a stale page's clock is stopped).
+  // is live: a stale page's clock is stopped). A paused request's stays what it was at its
+  // first dispatch: how long it has been paused is counted apart.
   const waited = (request) =>
-    request.state === "queued" ? request.waited_ms + (store.monoNow() - request.at) : request.waited_ms;
+    request.state === "queued" && !request.paused
+      ? request.waited_ms + (store.monoNow() - request.at)
+      : request.waited_ms;
+  const pausedFor = (request) =>
+    request.paused && request.paused_ms !== null && request.paused_ms !== undefined
+      ? request.paused_ms + (store.monoNow() - request.at)
+      : null;
+
+  // Preempted: "paused" while it waits to go on, with how often and for how long; once
+  // resumed, how often it was.
+  const pausedBox = () =>
+    h(
+      "span",
+      { class: "preempted", "data-role": "preempted", hidden: true },
+      h("span", { class: "state", "data-state": "paused", "data-role": "paused" }),
+      h("span", { class: "preempted-text", "data-role": "preempted-text" }),
+    );
+
+  // Its texts are empty while it is hidden: the request cell reads "#N model".
+  function updatePaused(box, request) {
+    const times = request.preemptions ?? 0;
+    box.hidden = times === 0;
+    if (times === 0) return;
+    const paused = Boolean(request.paused);
+    const badge = box.querySelector('[data-role="paused"]');
+    badge.hidden = !paused;
+    setText(badge, paused ? "paused" : "");
+    const since = pausedFor(request);
+    const count = `preempted ${fmt.plural(times, "time")}`;
+    setText(
+      box.querySelector('[data-role="preempted-text"]'),
+      paused && since !== null ? `${count} · for ${fmt.duration(since)}` : count,
+    );
+    setAttr(
+      box,
+      "title",
+      paused
+        ? `${count} for more urgent work: it goes on where it stopped once served again`
+        : `${count}, and resumed where it stopped`,
+    );
+  }
 
   // How far a request is from starting, under its wait: a bar filled to waited /
   // (waited + estimated time left), and "about N s". Nothing while llamaswap has no
@@ -63,7 +110,14 @@ export function mountQueue(store) {
   };
 
   const requestCell = (request) =>
-    h("td", {}, h("span", { class: "req-id" }, `#${request.id}`), " ", h("span", { class: "req-model", title: request.model }, request.model));
+    h(
+      "td",
+      {},
+      h("span", { class: "req-id" }, `#${request.id}`),
+      " ",
+      h("span", { class: "req-model", title: request.model }, request.model),
+      pausedBox(),
+    );
 
   const bandCell = (request) =>
     h(
@@ -86,6 +140,7 @@ export function mountQueue(store) {
   }
 
   function updateWaiting(row, entry) {
+    updatePaused(row.querySelector('[data-role="preempted"]'), entry.request);
     updateEta(row.querySelector('[data-role="eta"]'), entry.request);
     setText(row.querySelector('[data-role="pos"]'), entry.position);
     setText(row.querySelector('[data-role="score"]'), fmt.score(entry.score));
@@ -107,6 +162,7 @@ export function mountQueue(store) {
   }
 
   function updateRunning(row, request) {
+    updatePaused(row.querySelector('[data-role="preempted"]'), request);
     const state = row.querySelector('[data-role="state"]');
     state.dataset.state = request.state;
     setText(state, request.state);
@@ -150,12 +206,12 @@ export function mountQueue(store) {
     const placed = new Set();
     queue.order.forEach((id, index) => {
       const request = store.requests.get(id);
-      if (request === undefined || request.state !== "queued") return;
+      if (request === undefined || !waits(request)) return;
       placed.add(id);
       waiting.push({ request, score: queue.scores[index] ?? request.score });
     });
     for (const request of store.requests.values()) {
-      if (request.state === "queued" && !placed.has(request.id)) {
+      if (waits(request) && !placed.has(request.id)) {
         waiting.push({ request, score: request.score });
       }
     }
@@ -167,7 +223,7 @@ export function mountQueue(store) {
     $("#waiting-empty").hidden = waiting.length > 0;
 
     const running = [...store.requests.values()]
-      .filter((request) => request.state !== "queued")
+      .filter((request) => !waits(request))
       .sort((a, b) => a.id - b.id);
     syncList(runningBody, running, (request) => request.id, createRunning, updateRunning);
     $("#running").hidden = running.length === 0;

@@ -22,7 +22,7 @@ export function followResources(store) {
 
   const wanted = () => store.synced && !store.stale && document.visibilityState === "visible";
   const waiting = () =>
-    [...store.requests.values()].some((request) => request.state === "queued" || request.state === "loading");
+    [...store.requests.values()].some((request) => ["queued", "paused", "loading"].includes(request.state));
 
   async function read() {
     if (!routeMissing) {
