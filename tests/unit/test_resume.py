@@ -208,12 +208,13 @@ def test_a_server_that_answers_again_from_the_start_is_seen() -> None:
     g = made(CHAT, {"messages": [{"role": "user", "content": "hi"}]})
     g.body()
     g.feed(sse(chunk("one"), chunk(" two")))
-    assert not g.repeated
+    seen = [g.repeated]
     g.body()
     g.feed(sse(chunk("one", id="c2")))
-    assert not g.repeated  # not yet the whole of it
+    seen.append(g.repeated)  # not yet the whole of it
     g.feed(sse(chunk(" two", id="c2"), chunk(" three", id="c2")))
-    assert g.repeated
+    seen.append(g.repeated)
     g.body()
     g.feed(sse(chunk(" four", id="c3")))
-    assert not g.repeated
+    seen.append(g.repeated)
+    assert seen == [False, False, True, False]
