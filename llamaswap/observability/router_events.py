@@ -46,7 +46,6 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any, final
 
-import attrs
 import trio
 
 from llamaswap.process import ModelState
@@ -136,13 +135,8 @@ class RouterEvents:
             return
         self._hub.publish_soon(_QUEUE, self._queue_event)
         self._model_soon(lease.ticket.model)  # wanted by one more, or one fewer
-        if event == "failed":
-            return  # published with its error when the Fail was applied
-        now = trio.current_time()
-        info = lease.info()
-        if event == "paused":
-            info = _pausing(info, now)
-        self._hub.publish(_from_info(info, event, now))
+        if event != "failed":  # published with its error when the Fail was applied
+            self._hub.publish(_from_info(lease.info(), event, trio.current_time()))
 
     def on_decision(self, decision: Decision) -> None:
         if not self._hub.active:
@@ -256,15 +250,6 @@ def _from_info(info: RequestInfo, state: str, now: float, error: str | None = No
         "paused_ms": None if (paused := info.paused_for(now)) is None else _ms(paused),
         "error": error,
     }
-
-
-def _pausing(info: RequestInfo, now: float) -> RequestInfo:
-    """A request ``Router.resume`` pauses, as it is about to be: the router tells of the
-    pause before the scheduler takes it back (so that a grant of it comes after), while
-    its ticket still says it serves."""
-    if info.paused:
-        return info
-    return attrs.evolve(info, state="queued", preemptions=info.preemptions + 1, paused_at=now)
 
 
 def _from_ticket(ticket: Ticket, state: str, error: str | None = None) -> Event:

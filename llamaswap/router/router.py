@@ -467,9 +467,12 @@ class Router:
         the queue.
         """
         self._leases.pause(lease)
-        self._tell("paused", lease)
         self._decide(
-            f"preempted request #{lease.id}", partial(self.scheduler.on_preempted, lease.ticket)
+            f"preempted request #{lease.id}",
+            partial(self.scheduler.on_preempted, lease.ticket),
+            concerned=[lease.ticket],
+            # Told as the scheduler has it back, and before it may be granted again.
+            tell=partial(self._tell, "paused", lease),
         )
         self._requests_changed(lease.ticket.model)
         await self._wait(lease, while_waiting)
@@ -622,11 +625,13 @@ class Router:
         event: Callable[[], list[Decision]],
         *,
         concerned: Iterable[Ticket] = (),
+        tell: Callable[[], None] | None = None,
     ) -> None:
         """Run one scheduler event (``partial(scheduler.on_..., ...)``) and apply its
-        decisions; before it, the scheduler hears every cancel it has not heard yet."""
+        decisions; before it, the scheduler hears every cancel it has not heard yet.
+        ``tell``, if given, tells the observers of the event between the two."""
         self._catch_up()
-        self._run_event(what, event, concerned)
+        self._run_event(what, event, concerned, tell)
         self._catch_up()
 
     def _catch_up(self) -> None:
@@ -651,6 +656,7 @@ class Router:
         what: str,
         event: Callable[[], list[Decision]],
         concerned: Iterable[Ticket],
+        tell: Callable[[], None] | None = None,
     ) -> None:
         try:
             decisions = event()
@@ -658,6 +664,8 @@ class Router:
             logger.exception("scheduler %r failed on %s", self.scheduler.name, what)
             error = InternalError(f"the scheduler failed on {what}")
             decisions = [Fail(t, error) for t in concerned if self._leases.waiting(t)]
+        if tell is not None:
+            tell()
         self._apply(decisions)
 
     def _apply(self, decisions: list[Decision]) -> None:
