@@ -45,7 +45,14 @@ from llamaswap.observability import (
     Logs,
     capture_logs,
 )
-from llamaswap.process import HttpProbe, LogRing, ModelState, SubprocessSpawner, open_lifeline
+from llamaswap.process import (
+    HttpProbe,
+    LogRing,
+    ModelState,
+    SlotKeeper,
+    SubprocessSpawner,
+    open_lifeline,
+)
 from llamaswap.proxy import UpstreamPool, create_app
 from llamaswap.resources import Resources, open_probe
 from llamaswap.router import Router, RouterEvent
@@ -225,6 +232,7 @@ async def serve(
             spawner=SubprocessSpawner(lifeline),
             probe=HttpProbe(pool),
             resources=resources,
+            slots=SlotKeeper(pool),
         )
         router.observe(partial(_close_upstream_connections, router, pool), ModelStateChanged)
         hub = EventHub()

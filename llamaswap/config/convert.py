@@ -71,6 +71,7 @@ _FIELD_HOOKS: dict[tuple[type, str], Hook] = {
     (DeviceConfig, "memory"): lambda value, _: parse_size(value),
     (DeviceConfig, "headroom"): lambda value, _: parse_size(value),
     (Config, "memory_headroom"): lambda value, _: parse_size(value),
+    (Config, "slot_save_limit"): lambda value, _: parse_size(value),
 }
 
 

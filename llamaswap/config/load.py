@@ -116,8 +116,9 @@ def loads_config(
         text: the TOML document.
         file: the name used in error messages.
         environ: the variables ``${env.NAME}`` reads; defaults to ``os.environ``.
-        directory: what a relative ``store.path`` is relative to (``load_config`` passes
-            the file's directory); ``None`` leaves it relative to the working directory.
+        directory: what a relative ``store.path`` or ``slotSavePath`` is relative to
+            (``load_config`` passes the file's directory); ``None`` leaves it relative to
+            the working directory.
         free, keep, replacing: as for :func:`load_config`.
 
     Returns:
@@ -141,7 +142,7 @@ def loads_config(
     problems = _merge(emptying, expanding, structuring, checking)
     if problems or config is None:
         raise ConfigError(file, problems)
-    return _resolve_store_path(config, directory)
+    return _resolve_paths(config, directory)
 
 
 def _emptying(raw: dict[str, Any], replacing: Collection[str]) -> list[Problem]:
@@ -157,14 +158,28 @@ def _emptying(raw: dict[str, Any], replacing: Collection[str]) -> list[Problem]:
     return [Problem(("models",), message)]
 
 
-def _resolve_store_path(config: Config, directory: str | None) -> Config:
-    """``store.path`` with ``~`` expanded and, given a ``directory``, made absolute."""
-    if config.store is None:
-        return config
-    path = os.path.expanduser(config.store.path)
+def _resolve_paths(config: Config, directory: str | None) -> Config:
+    """``store.path`` and each model's ``slotSavePath`` with ``~`` expanded and, given a
+    ``directory``, made absolute."""
+    if config.store is not None:
+        store = attrs.evolve(config.store, path=_resolved(config.store.path, directory))
+        config = attrs.evolve(config, store=store)
+    if any(model.slot_save_path is not None for model in config.models.values()):
+        models = {
+            model_id: model
+            if model.slot_save_path is None
+            else attrs.evolve(model, slot_save_path=_resolved(model.slot_save_path, directory))
+            for model_id, model in config.models.items()
+        }
+        config = attrs.evolve(config, models=models)
+    return config
+
+
+def _resolved(path: str, directory: str | None) -> str:
+    path = os.path.expanduser(path)
     if directory is not None:
         path = os.path.normpath(os.path.join(directory, path))  # an absolute path stays
-    return attrs.evolve(config, store=attrs.evolve(config.store, path=path))
+    return path
 
 
 def parse_toml(text: str, file: str) -> dict[str, Any]:

@@ -216,6 +216,10 @@ class ModelConfig:
     #: Under ``serial`` with ``preempt``: its requests may be checkpointed and resumed
     #: (false for a server that cannot continue a prefilled answer).
     preemptible: bool = True
+    #: The directory the server saves its slots in (its ``--slot-save-path``): set, its
+    #: KV cache is saved before a swap evicts it and restored after its next load
+    #: (``process/slots.py``); absolute once ``load_config`` has read the file.
+    slot_save_path: str | None = None
 
     @property
     def health_url(self) -> str | None:
@@ -342,6 +346,8 @@ class DeviceConfig:
 
 #: ``memoryHeadroom``: what CUDA's context and fragmentation take beside the figures.
 DEFAULT_MEMORY_HEADROOM = 512 * 2**20
+#: ``slotSaveLimit``: the bytes of slot files llamaswap keeps, across every model.
+DEFAULT_SLOT_SAVE_LIMIT = 4 * 2**30
 
 
 @attrs.frozen
@@ -384,6 +390,9 @@ class Config:
     #: Host names llamaswap answers to besides its listen address, loopback names and IP
     #: addresses (``"*.example.org"``: any name under it); ``"*"``: any (proxy/site.py).
     allowed_hosts: tuple[str, ...] = ()
+    #: Bytes of saved slot files kept across every model's ``slotSavePath``; the oldest
+    #: go first.
+    slot_save_limit: int = DEFAULT_SLOT_SAVE_LIMIT
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

@@ -60,6 +60,7 @@ def validate(
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
+    _check_slot_save_paths(config, problems)
     _check_devices(config, problems)
     return _cap_bonus(config, problems), problems
 
@@ -330,6 +331,18 @@ def _check_store(config: Config, problems: list[Problem]) -> None:
         problems.append(Problem(("store", "path"), "expected the path of a SQLite file, got ''"))
     elif "\0" in path:
         problems.append(Problem(("store", "path"), "a file path cannot contain a NUL character"))
+
+
+def _check_slot_save_paths(config: Config, problems: list[Problem]) -> None:
+    for model_id, model in config.models.items():
+        path = model.slot_save_path
+        if path is None or "${" in path:
+            continue  # not set, or a macro left unexpanded (reported where expanding it failed)
+        where: Path = ("models", model_id, "slotSavePath")
+        if not path.strip():
+            problems.append(Problem(where, "expected the directory of the slot files, got ''"))
+        elif "\0" in path:
+            problems.append(Problem(where, "a directory path cannot contain a NUL character"))
 
 
 #: Device names a probe can find: ``gpuN`` (NVML's index N) and ``cpu`` (the machine's RAM).

@@ -27,8 +27,9 @@ The modules: ``_content`` generates the deterministic words, embeddings and resp
 (pure, no I/O); ``_app`` holds :class:`Options` and the ASGI app :class:`FakeServer`; ``_cli``
 parses the command line and runs the process (binding, simulated load, signals); ``_gpu``
 "allocates" ``--memory`` in the GPU probe's test double (``FileProbe``), failing as
-llama.cpp does where a device is full; ``__main__`` makes the package runnable with
-``python -m``.
+llama.cpp does where a device is full; ``_slots`` keeps each slot's prompt cache (a cached
+prefix is not processed again: ``timings.prompt_n``) and its files (``--slot-save-path``);
+``__main__`` makes the package runnable with ``python -m``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, final
+from urllib.parse import parse_qs
 
 import attrs
 import trio
@@ -35,6 +36,7 @@ from ._content import (
     text_of,
     token_limit,
 )
+from ._slots import SlotCaches, SlotRefused
 
 
 @attrs.frozen
@@ -60,6 +62,8 @@ class Options:
     cuda: bool = False
     #: ``--ignore-prefill``: a chat's final assistant message does not continue the answer.
     ignore_prefill: bool = False
+    #: ``--slot-save-path``: where slots are saved and restored from; None: refused.
+    slot_save_path: str | None = None
 
 
 def say(line: str) -> None:
@@ -99,6 +103,8 @@ class FakeServer:
         self._model_header = options.model_name.encode("latin-1", "replace")
         #: llama-server's slots: completions generated at once (``--parallel``).
         self._slots = trio.Semaphore(options.parallel) if options.parallel else None
+        #: Each slot's prompt cache, and its files (``_slots.py``).
+        self._caches = SlotCaches(options.parallel, options.model_name, options.slot_save_path)
         self._routes: dict[tuple[str, str], _Handler] = {
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
@@ -109,6 +115,7 @@ class FakeServer:
             ("POST", "/completion"): partial(self._complete, "native"),
             ("POST", "/v1/messages"): partial(self._complete, "messages"),
             ("POST", "/v1/embeddings"): self._embeddings,
+            ("GET", "/slots"): self._list_slots,
         }
 
     async def __call__(
@@ -124,6 +131,10 @@ class FakeServer:
             say(f"request {method} {path} at {time.time():.6f}")
         # HEAD as GET, as llama-server answers it (hypercorn leaves the body out).
         handler = self._routes.get(("GET" if method == "HEAD" else method, path))
+        if handler is None and method == "POST" and path.startswith("/slots/"):
+            query = parse_qs(scope["query_string"].decode("latin-1"))
+            action = query.get("action", [""])[0]
+            handler = partial(self._slot_action, path.removeprefix("/slots/"), action)
         if handler is None:
             await self._json(send, 404, error(f"no route for {method} {path}", "not_found_error"))
         elif not self.healthy and path != "/health":
@@ -203,6 +214,31 @@ class FakeServer:
         }
         await self._json(send, 200, props)
 
+    async def _list_slots(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        await self._json(send, 200, self._caches.describe())
+
+    async def _slot_action(
+        self, slot: str, action: str, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """``POST /slots/{slot}?action=save|restore``, ``{"filename": ...}``."""
+        body = await self._read_json(receive)
+        if body is None:
+            return
+        filename = body.get("filename")
+        try:
+            if action == "save":
+                answer = self._caches.save(slot, filename)
+                say(f"saved slot {slot} to {filename} ({answer['n_saved']} tokens)")
+            elif action == "restore":
+                answer = self._caches.restore(slot, filename)
+                say(f"restored slot {slot} from {filename} ({answer['n_restored']} tokens)")
+            else:
+                raise SlotRefused(400, "Invalid action")
+        except SlotRefused as exc:
+            await self._json(send, exc.status, error(str(exc), exc.kind))
+            return
+        await self._json(send, 200, answer)
+
     async def _embeddings(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         body = await self._read_json(receive)
         if body is None:
@@ -225,7 +261,7 @@ class FakeServer:
         if body is None:
             return
         received = trio.current_time()  # "prompt processing" starts: timings measure from here
-        job = self._completion(kind, body)
+        job, words = self._completion(kind, body)
         options = self.options
         if (
             not job.stream
@@ -238,6 +274,7 @@ class FakeServer:
             ended = trio.current_time()
             document["timings"] = job.timings(started - received, ended - started)
             await self._json(send, 200, document)
+            self._caches.generated(job.slot, words + "".join(job.pieces()).split())
             return
         work = self._stream if job.stream else self._respond_when_done
         progress = _Progress()
@@ -246,10 +283,14 @@ class FakeServer:
             async with self._slots or contextlib.nullcontext():
                 await work(send, job, progress, received)
             nursery.cancel_scope.cancel()
+        if progress.complete:  # the slot holds the answer too (cut short: the prompt only)
+            self._caches.generated(job.slot, words + "".join(job.pieces()).split())
         if progress.disconnected:
             say(f"client disconnected after {progress.tokens} tokens")
 
-    def _completion(self, kind: str, body: dict[str, Any]) -> Completion:
+    def _completion(self, kind: str, body: dict[str, Any]) -> tuple[Completion, list[str]]:
+        """The generation ``body`` asks for, and its prompt's tokens (words), which a slot
+        now caches."""
         limit = n_predict if kind == "native" else token_limit
         count, limited = limit(body, self.options.max_tokens)
         finish_reason = "length" if limited else "stop"
@@ -290,12 +331,14 @@ class FakeServer:
         tool = called_tool(body) if kind == "chat" else None
         if tool is not None:
             finish_reason = "tool_calls"
-        return Completion(
+        words = [word for text in texts for word in text.split()]
+        slot, cached = self._caches.take(words)
+        job = Completion(
             kind=kind,
             id=f"{prefix}-fake-{next(self._ids)}",
             model=name,
             created=int(time.time()),
-            prompt_tokens=sum(len(text.split()) for text in texts),
+            prompt_tokens=len(words),
             seed=seed,
             start=start,
             tokens=count,
@@ -303,7 +346,10 @@ class FakeServer:
             stream=body.get("stream") is True,
             include_usage=include_usage,
             tool=tool,
+            slot=slot,
+            cached=cached,
         )
+        return job, words
 
     async def _watch_disconnect(
         self, receive: ASGIReceiveCallable, progress: _Progress, scope: trio.CancelScope

@@ -196,6 +196,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     add("--gpu-dir", metavar="DIR",
         help="the GPU probe's test double to allocate --memory in (devices.json, PID.json); "
         "default: $LLAMASWAP_FAKE_GPU")
+    add("--slot-save-path", metavar="DIR",
+        help="the directory POST /slots/{id}?action=save|restore writes and reads slot files "
+        "in, as llama-server's; without it those answer 501")
     add("--cuda", action="store_true",
         help="allocate --memory for real on the GPUs (gpuN is cuda:N) with PyTorch, held "
         "until exit; PyTorch's out-of-memory error is printed and the server exits 1")
@@ -203,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     if args.port > 65535:
         parser.error(f"--port must be at most 65535, got {args.port}")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        parser.error(f"--slot-save-path: not a directory: {args.slot_save_path}")  # as llama.cpp
     if args.gpu_dir is None:
         args.gpu_dir = os.environ.get(FAKE_GPU_ENV) or None
     return Options(**{name: getattr(args, name) for name in attrs.fields_dict(Options)})

@@ -246,6 +246,9 @@ class Completion:
     #: The answer's tokens the request already holds (a prefill, a prompt's tail): the
     #: words start at this token of the answer to ``seed``.
     start: int = 0
+    #: The slot that serves it, and how many prompt tokens its cache covered (``_slots``).
+    slot: int = 0
+    cached: int = 0
 
     def pieces(self) -> Iterator[str]:
         """The tokens, generated lazily: a huge max_tokens must not stall the event loop."""
@@ -292,9 +295,11 @@ class Completion:
 
     def timings(self, prompt_seconds: float, predicted_seconds: float) -> dict[str, Any]:
         """llama-server's ``timings`` for ``prompt_seconds`` spent before the first token
-        and ``predicted_seconds`` generating all of them."""
+        and ``predicted_seconds`` generating all of them: ``cache_n`` prompt tokens were in
+        the slot's cache, ``prompt_n`` the others, processed."""
         return {
-            **_phase("prompt", self.prompt_tokens, prompt_seconds),
+            "cache_n": self.cached,
+            **_phase("prompt", self.prompt_tokens - self.cached, prompt_seconds),
             **_phase("predicted", self.tokens, predicted_seconds),
         }
 
@@ -315,7 +320,7 @@ class Completion:
         document: dict[str, Any] = {
             "index": 0,
             "content": content,
-            "id_slot": 0,
+            "id_slot": self.slot,
             "stop": stop,
             "model": self.model,
             "tokens_predicted": predicted,

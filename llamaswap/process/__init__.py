@@ -8,6 +8,9 @@ from .lifeline import Lifeline as Lifeline
 from .lifeline import open_lifeline as open_lifeline
 from .logring import LogLine as LogLine
 from .logring import LogRing as LogRing
+from .slots import NoSlots as NoSlots
+from .slots import SlotKeeper as SlotKeeper
+from .slots import Slots as Slots
 from .spawn import ProcessHandle as ProcessHandle
 from .spawn import Spawner as Spawner
 from .spawn import SubprocessSpawner as SubprocessSpawner
@@ -24,8 +27,11 @@ __all__ = [
     "ModelState",
     "ModelStatistics",
     "ModelSupervisor",
+    "NoSlots",
     "Probe",
     "ProcessHandle",
+    "SlotKeeper",
+    "Slots",
     "Spawner",
     "StateListener",
     "SubprocessSpawner",

@@ -48,7 +48,9 @@ from llamaswap.process import (
     ModelState,
     ModelStatistics,
     ModelSupervisor,
+    NoSlots,
     Probe,
+    Slots,
     Spawner,
 )
 from llamaswap.resources import Resources, out_of_memory
@@ -112,6 +114,9 @@ class Router:
         resources: what is known of memory and time (``Resources``), which the router
             teaches (loads, serving times) and the fit rule reads; by default one with
             no GPU probe (declared figures only).
+        slots: keeps models' KV caches across a swap (``process/slots.py``): saved
+            before an eviction stops a ready model, restored after a load; by default
+            nothing is kept.
     """
 
     def __init__(
@@ -122,8 +127,10 @@ class Router:
         probe: Probe,
         observers: Collection[Observer] = (),
         resources: Resources | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self.config = config
+        self._slots: Slots = slots if slots is not None else NoSlots()
         self.resources = resources if resources is not None else Resources(config)
         #: The fit rule's view: figures, budgets, and each model's waiting requests.
         self._placement = self.resources.placement(self._waiting)
@@ -726,9 +733,12 @@ class Router:
             with scope:
                 async with trio.open_nursery() as nursery:
                     for model in swap.evict:
-                        reason = f"evicted for {swap.target!r}"
-                        nursery.start_soon(self._supervisors[model].stop, reason)
-                await self._supervisors[swap.target].ensure_ready()
+                        nursery.start_soon(self._evict, model, swap.target)
+                target = self._supervisors[swap.target]
+                loads = target.state is not ModelState.READY  # one running keeps its cache
+                await target.ensure_ready()
+                if loads:
+                    await self._slots.restore(swap.target, target.config)  # never raises
                 error = None
         except RequestError as exc:
             error = exc
@@ -743,6 +753,15 @@ class Router:
             self._decide(what, done, concerned=waiters)
             for model in (swap.target, *swap.evict):
                 self._forget_if_unneeded(model)
+
+    async def _evict(self, model: str, target: str) -> None:
+        """Stop ``model`` for the load of ``target``; a ready one's slots are saved first
+        (``process/slots.py``: bounded, never raises). Meanwhile it is granted nothing: a
+        request for it waits, as the load evicting it collides with its own."""
+        supervisor = self._supervisors[model]
+        if supervisor.state is ModelState.READY:
+            await self._slots.save(model, supervisor.config, self.config, loading=target)
+        await supervisor.stop(f"evicted for {target!r}")
 
     async def _recheck(self, at: float) -> None:
         """At ``at`` a model's residency ends: the scheduler looks again at what it held
@@ -807,6 +826,7 @@ class Router:
             return
         del self._supervisors[model]
         self._supervisor_scopes.pop(model).cancel(reason=f"model {model!r}: {REMOVED}")
+        self._slots.forget(model, supervisor.config)  # its saved KV cache: of no more use
         logger.debug("model %r forgotten: removed, stopped, no request left", model)
         self._emit(ModelForgotten(model))
 

@@ -372,3 +372,50 @@ async def test_a_preempted_chat_is_one_coherent_stream(
             [usage] = [event["usage"] for event in events if event.get("usage")]
             assert usage["completion_tokens"] == LONG // 2
             assert usage["prompt_tokens"] == prompt_tokens
+
+
+async def test_a_restored_slot_shortens_the_next_turns_prompt_processing(
+    proxy_factory: StartProxy, config: str, tmp_path: Path
+) -> None:
+    # slotSavePath (issue 29): tiny-a's slots are saved before tiny-b evicts it, and
+    # restored when it loads again, so the conversation's next turn processes fewer prompt
+    # tokens (llama-server's timings.prompt_n) than the same turn on a server started
+    # afresh with nothing restored: tiny-c, the same weights without slotSavePath.
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    folder = shlex.quote(str(slots))
+    lines = config.replace(" -np 2", f" -np 2 --slot-save-path {folder}").splitlines()
+    for model in ("tiny-a", "tiny-b"):
+        lines.insert(lines.index(f"[models.{model}]") + 1, f'slotSavePath = "{slots}"')
+    a = lines.index("[models.tiny-a]")
+    own = (line for line in lines[a + 1 : a + 4] if not line.startswith("slotSavePath"))
+    tiny_c = ["[models.tiny-c]", *own]
+    proxy = await proxy_factory("\n".join([*lines, *tiny_c]))
+    question = "Tell me a long story about rivers, lakes and the sea, please."
+
+    def turn(model: str, *texts: str) -> dict[str, object]:
+        roles = ("user", "assistant")
+        messages = [{"role": roles[i % 2], "content": text} for i, text in enumerate(texts)]
+        return {**chat(model, 20), "messages": messages}
+
+    async def ask(client: httpx.AsyncClient, body: dict[str, object]) -> httpx.Response:
+        reply = await client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply
+
+    timings: dict[str, dict[str, int]] = {}
+    async with proxy.client() as client:
+        with trio.fail_after(120):
+            for model in ("tiny-a", "tiny-c"):
+                answer = content(await ask(client, turn(model, question)))
+                await ask(client, chat("tiny-b", 5))  # evicts it
+                follow_up = turn(model, question, answer, "And then?")
+                timings[model] = (await ask(client, follow_up)).json()["timings"]
+    await proxy.output.wait_for(r"model 'tiny-a': saved 1 slot \(\d+ tokens\) to ")
+    await proxy.output.wait_for(r"model 'tiny-a': restored 1 slot \(\d+ tokens\) in ")
+    restored, afresh = timings["tiny-a"], timings["tiny-c"]
+    assert afresh.get("cache_n", 0) == 0
+    assert restored["cache_n"] > 0
+    assert restored["prompt_n"] < afresh["prompt_n"]
+    assert restored["prompt_n"] + restored["cache_n"] == afresh["prompt_n"]  # the same prompt
+    assert "could not" not in proxy.output.text()

@@ -124,12 +124,16 @@ def events(tail: bytes) -> list[Any]:
 def test_the_fake_server_reports_timings_like_llama_server() -> None:
     job = completion(stream=False, include_usage=False)
     assert job.timings(0.002, 0.1) == {
-        "prompt_n": 3, "prompt_ms": 2.0, "prompt_per_token_ms": 0.667,
+        "cache_n": 0, "prompt_n": 3, "prompt_ms": 2.0, "prompt_per_token_ms": 0.667,
         "prompt_per_second": 1500.0, "predicted_n": 4, "predicted_ms": 100.0,
         "predicted_per_token_ms": 25.0, "predicted_per_second": 40.0,
     }  # fmt: skip
     # A phase that took no measurable time divides by a microsecond, not by zero.
     assert job.timings(0.0, 0.0)["prompt_per_second"] == 3_000_000.0
+    # Prompt tokens in the slot's cache are not processed again (fake_server/_slots.py).
+    job.cached = 2
+    timings = job.timings(0.002, 0.1)
+    assert (timings["cache_n"], timings["prompt_n"], timings["prompt_per_second"]) == (2, 1, 500.0)
 
 
 def test_the_fake_servers_timings_ride_on_the_last_chunk() -> None:
