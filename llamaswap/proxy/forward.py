@@ -436,7 +436,6 @@ class Forwarder:
         paused = 0.0
         try:
             while not await self._segment(exchange, upstream, headers, reply, generation, lease):
-                exchange.metadata["preemptions"] = lease.ticket.preemptions + 1
                 logger.info(
                     "request #%d for %r preempted after %d tokens",
                     lease.id,
@@ -456,6 +455,8 @@ class Forwarder:
         except UpstreamFailed as exc:
             raise await self._upstream_error(exchange, exc) from exc
         finally:
+            if lease.ticket.preemptions:
+                exchange.metadata["preemptions"] = lease.ticket.preemptions
             if generation.segments > 1:
                 exchange.metadata["recomputed_prompt_tokens"] = generation.recomputed
         if generation.repeated:
@@ -532,6 +533,9 @@ class Forwarder:
                     tap.feed(out)
                     await reply.body(out)
         if generation.client_streams:
+            if generation.usage is not None and not generation.client_usage:
+                # Asked for by llamaswap, not sent: counted in the record all the same.
+                tap.feed(b"data: " + json.dumps({"usage": generation.usage}).encode() + b"\n\n")
             await reply.body(b"", more=False)
             return True
         document = json.dumps(generation.answer()).encode()

@@ -108,7 +108,7 @@ class Generation:
         self._original = document
         self.client_streams = document.get("stream") is True
         options = document.get("stream_options")
-        self._client_usage = isinstance(options, dict) and options.get("include_usage") is True
+        self.client_usage = isinstance(options, dict) and options.get("include_usage") is True
         self._client_tokens = document.get("return_tokens") is True
         #: The text generated so far, and its token count (and ids, for ``/completion``).
         self.text = ""
@@ -124,7 +124,8 @@ class Generation:
         self._id: object = None
         self._created: object = None
         self._finish: object = None
-        self._usage: dict[str, Any] | None = None
+        #: The whole answer's ``usage`` (the last segment's, as ``_totals`` made it).
+        self.usage: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None  # the last event (/completion's final)
         self._timings: object = None
         self._start = 0  # where the segment in progress begins in ``text``
@@ -251,8 +252,8 @@ class Generation:
             self.tokens += 1
         usage = event.get("usage")
         if isinstance(usage, dict):
-            event["usage"] = self._usage = self._totals(usage)
-            if not self._client_usage and not choices:
+            event["usage"] = self.usage = self._totals(usage)
+            if not self.client_usage and not choices:
                 return False  # asked for by llamaswap, not by the client
         # A later segment's opening chunk says again what the first one said.
         resumed = self.segments > 1 and self.tokens == self._before
@@ -326,8 +327,8 @@ class Generation:
             "model": self._original.get("model"),
             "choices": [choice],
         }
-        if self._usage is not None:
-            document["usage"] = self._usage
+        if self.usage is not None:
+            document["usage"] = self.usage
         if self._timings is not None:
             document["timings"] = self._timings
         return document

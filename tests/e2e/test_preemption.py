@@ -291,3 +291,29 @@ async def test_a_request_that_opts_out_is_not_preempted(proxy_factory: StartProx
                         await proxy.output.wait_for(r"for 'a': queued", start=mark)
             assert done == []  # it waited for the batch answer's end
             assert "preempting" not in "\n".join(proxy.output.lines)
+
+
+async def test_a_completion_goes_on_from_its_prompt_and_text(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(PREEMPT)
+    body = {"model": "a", "prompt": "Once upon a time", "max_tokens": LONG}
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            reference = (await client.post("/v1/completions", json=body)).json()
+            answered = trio.Event()
+
+            async def batch() -> None:
+                response = await client.post("/v1/completions", json=body, headers=BATCH)
+                assert response.status_code == 200, response.text
+                answer = response.json()
+                assert answer["object"] == "text_completion"
+                assert answer["choices"][0]["text"] == reference["choices"][0]["text"]
+                assert answer["usage"] == reference["usage"]
+                answered.set()
+
+            nursery.start_soon(batch)
+            await wait_for_request(client, "a", "serving")
+            await interrupt(proxy, client, "a", [])
+            await answered.wait()
+            [record] = [r for r in await activity_of(client, "a") if r["priority"] == -100]
+            assert record["metadata"]["preemptions"] == 1
+            assert record["completion_tokens"] == LONG
