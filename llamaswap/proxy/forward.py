@@ -346,14 +346,13 @@ class Forwarder:
             upstream = _Upstream(
                 model.proxy, path, query, payload, [], translation, model.timeouts
             )
-            generation = None
-            if preemptible and payload is not None:
+            if preemptible and payload is not None:  # the body as filters left it
                 generation = resume.generation(path, payload.json())
-            if generation is None:
+                if generation is not None:
+                    await self._resumably(exchange, scope, upstream, reply, generation, lease)
+                    return
                 lease.pin()
-                await self._forward(exchange, scope, upstream, body, reply)
-            else:
-                await self._resumably(exchange, scope, upstream, reply, generation, lease)
+            await self._forward(exchange, scope, upstream, body, reply)
 
     def _preemptible(
         self, model: ModelConfig, headers: dict[str, str], path: str, payload: Payload | None
