@@ -30,7 +30,8 @@ Tokens are counted as events with text (llama-server sends one a token) or, for
 What cannot be resumed exactly is never preempted: several choices (``n``), log
 probabilities, ``echo``, ``suffix``, several prompts, a final message that is not text;
 and a request whose answer began a tool call or reasoning is pinned from then on
-(``pinned``): the forwarder tells the scheduler, and reads it to its end.
+(``pinned``): the forwarder tells the scheduler, and reads it to its end (for a client
+that did not stream, the reasoning and the tool calls are put together in the answer).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def generation(path: str, document: dict[str, Any]) -> Generation | None:
     if document.get("n", 1) != 1 or any(document.get(name) for name in _INEXACT):
         return None
     if kind is Kind.CHAT:
+        if document.get("functions") and document.get("stream") is not True:
+            return None  # legacy function calls: not assembled from events here
         messages = document.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
@@ -121,6 +124,9 @@ class Generation:
         self.recomputed = 0
         #: A tool call or reasoning began: it cannot be resumed.
         self.pinned = False
+        self._reasoning = ""  # a chat's reasoning_content, and its tool calls by index
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._model = document.get("model")
         self._id: object = None
         self._created: object = None
         self._finish: object = None
@@ -217,6 +223,7 @@ class Generation:
         """Take in one event, rewriting it for the client; False to drop it."""
         if self._id is None:
             self._id, self._created = event.get("id"), event.get("created")
+            self._model = event.get("model", self._model)
         elif self.segments > 1:
             if "id" in event:
                 event["id"] = self._id
@@ -234,10 +241,7 @@ class Generation:
             if self.kind is Kind.CHAT:
                 delta = choice.get("delta")
                 delta = delta if isinstance(delta, dict) else {}
-                if delta.get("tool_calls") or delta.get("function_call"):
-                    self.pinned = True
-                if delta.get("reasoning_content"):
-                    self.pinned = True
+                self._aside(delta)
                 text = delta.get("content")
                 bare = set(delta) <= {"role", "content"}
                 if self.segments > 1:
@@ -259,6 +263,32 @@ class Generation:
         resumed = self.segments > 1 and self.tokens == self._before
         opening = resumed and isinstance(choice, dict) and bare and not text
         return not (opening and "usage" not in event and "timings" not in event)
+
+    def _aside(self, delta: dict[str, Any]) -> None:
+        """A chat delta's reasoning and tool calls, which pin the request (they cannot be
+        continued from text), kept for a client that did not stream."""
+        reasoning = delta.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            self.pinned = True
+            self._reasoning += reasoning
+        calls = delta.get("tool_calls")
+        if delta.get("function_call") or (isinstance(calls, list) and calls):
+            self.pinned = True
+        for call in calls if isinstance(calls, list) else ():
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", 0)
+            kept = self._calls.setdefault(
+                index if isinstance(index, int) else 0,
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            for field in ("id", "type"):
+                if isinstance(call.get(field), str):
+                    kept[field] = call[field]
+            function = call.get("function")
+            for field in ("name", "arguments"):
+                if isinstance(function, dict) and isinstance(function.get(field), str):
+                    kept["function"][field] += function[field]
 
     def _native(self, event: dict[str, Any]) -> bool:
         content = event.get("content")
@@ -315,7 +345,13 @@ class Generation:
             return document
         choice: dict[str, Any] = {"index": 0, "finish_reason": self._finish}
         if self.kind is Kind.CHAT:
-            choice["message"] = {"role": "assistant", "content": self.text}
+            message: dict[str, Any] = {"role": "assistant", "content": self.text}
+            if self._reasoning:
+                message["reasoning_content"] = self._reasoning
+            if self._calls:
+                message["content"] = self.text or None
+                message["tool_calls"] = [self._calls[index] for index in sorted(self._calls)]
+            choice["message"] = message
             kind = "chat.completion"
         else:
             choice.update(text=self.text, logprobs=None)
@@ -324,7 +360,7 @@ class Generation:
             "id": self._id,
             "object": kind,
             "created": self._created,
-            "model": self._original.get("model"),
+            "model": self._model,
             "choices": [choice],
         }
         if self.usage is not None:

@@ -317,3 +317,25 @@ async def test_a_completion_goes_on_from_its_prompt_and_text(proxy_factory: Star
             [record] = [r for r in await activity_of(client, "a") if r["priority"] == -100]
             assert record["metadata"]["preemptions"] == 1
             assert record["completion_tokens"] == LONG
+
+
+async def test_a_whole_answer_that_calls_a_tool_is_put_together_as_the_server_gives_it(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(PREEMPT)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    body = chat("a", max_tokens=8, tools=tools, tool_choice="required")
+    async with proxy.client() as client:
+        with trio.fail_after(60):
+            plain = await client.post(
+                "/v1/chat/completions", json=body, headers={"X-LlamaSwap-Preemptible": "no"}
+            )
+            built = await client.post("/v1/chat/completions", json=body)  # read as events
+            assert built.status_code == plain.status_code == 200
+            answers = [built.json(), plain.json()]
+            for answer in answers:  # each has its own id, and its call's
+                [call] = answer["choices"][0]["message"]["tool_calls"]
+                assert call.pop("id") == "call-" + answer.pop("id")
+                assert call["function"]["name"] == "lookup"
+                del answer["created"], answer["timings"]  # measured: they differ
+            assert answers[0] == answers[1]

@@ -218,3 +218,41 @@ def test_a_server_that_answers_again_from_the_start_is_seen() -> None:
     g.feed(sse(chunk(" four", id="c3")))
     seen.append(g.repeated)
     assert seen == [False, False, True, False]
+
+
+def arguments(piece: str, finish: str | None = None) -> dict[str, Any]:
+    call = {"index": 0, "function": {"arguments": piece}}
+    return {"id": "c1", "choices": [{"delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+
+
+def test_a_whole_answer_keeps_its_reasoning_and_tool_calls() -> None:
+    g = made(CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    g.body()
+    call = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "f"}}
+    reasoning = {
+        "id": "c1",
+        "model": "served",
+        "choices": [{"delta": {"reasoning_content": "so"}}],
+    }
+    start = {"id": "c1", "choices": [{"delta": {"tool_calls": [call]}}]}
+    g.feed(sse(reasoning, start, arguments('{"a":'), arguments("1}", "tool_calls")))
+    assert g.pinned
+    answer = g.answer()
+    assert answer["model"] == "served"
+    function = {"name": "f", "arguments": '{"a":1}'}
+    assert answer["choices"][0] == {
+        "index": 0,
+        "finish_reason": "tool_calls",
+        "message": {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "so",
+            "tool_calls": [{"id": "call-1", "type": "function", "function": function}],
+        },
+    }
+
+
+def test_legacy_functions_are_not_preempted_for_a_whole_answer() -> None:
+    document = {"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}
+    assert generation(CHAT, document) is None
+    assert generation(CHAT, {**document, "stream": True}) is not None
