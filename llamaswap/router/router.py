@@ -411,6 +411,8 @@ class Router:
         self._tell("queued", lease)  # before its decisions: a grant comes after admission
         self._requests_changed(model)  # wanted now: its TTL waits
         self._apply(decisions)
+        if not decisions:  # queued, deciding nothing: the next load may be its model's
+            self.prefetcher.poke()
 
     def _end(self, lease: Lease) -> None:
         """The request's task is leaving ``acquire``: release what it holds."""

@@ -13,7 +13,7 @@ from llamaswap.config.model import Config, DeviceConfig, ModelConfig
 from llamaswap.process import ModelState
 from llamaswap.router import Router
 from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
-from tests.trio.test_router import lease, model
+from tests.trio.test_router import lease, model, start_router
 
 GiB = 2**30
 
@@ -51,3 +51,24 @@ async def test_models_that_fit_run_together_and_a_load_evicts_the_cheapest_room(
         assert router.running_models() == {"a", "c"}
     assert "loading model 'c' (needs 12 GiB on gpu0, declared), evicting ['b']" in caplog.text
     assert ("a", ModelState.STOPPING) not in recorder.history
+
+
+async def test_a_request_queued_behind_a_busy_model_has_its_model_prefetched(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    # Its admission decides nothing (b would evict a, which is busy): the prefetcher is
+    # told all the same, and b is what the queue loads next.
+    b = model(2, files=("/nonexistent/b.gguf",))
+    router = await start_router(nursery, spawner, recorder, a=model(1), b=b)
+    async with lease(router, "a"), trio.open_nursery() as waiting:
+        await trio.sleep(1)  # past the prefetcher's throttle: it saw a's grant
+        planned = [router.prefetcher.current]
+        waiting.start_soon(router.load, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(1)
+        planned.append(router.prefetcher.current)
+        assert planned == [None, "b"]
+        waiting.cancel_scope.cancel()
