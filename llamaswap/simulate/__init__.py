@@ -4,8 +4,12 @@ The config's own policy, and with ``compare=True`` the policies people weigh it 
 
 * **arrival order**: ``serial`` with every priority 0, no affinity and no ``minResidency``,
   first come first served;
-* **strict priority**: ``serial`` with no aging, no affinity and no ``minResidency``;
-* **fifo**: llama-swap's scheduler.
+* **strict priority**: ``serial`` with no aging, no affinity and no ``minResidency``
+  (neither preempts);
+* **fifo**: llama-swap's scheduler;
+* for a ``serial`` config, the config itself with ``preempt`` turned the other way
+  (**serial + preempt**, or **serial, no preempt** for a config that has it on), so that
+  what preemption would do to the workload reads beside what it does without.
 
 Each may run under one or more memory budgets (``Budget``, ``--memory gpu0=24GiB``) that
 set the devices' ``memory`` for the run, so that the same config and workload compare
@@ -24,7 +28,7 @@ from llamaswap.config.model import SerialSettings, toml_key
 
 from .memory import Budget, MemoryFigures, budget_problem, parse_budget, unfit
 from .report import PLOT_FORMATS, Figures, figures, plot, plot_problem, table
-from .run import Outcome, Run, simulate
+from .run import Outcome, PreemptionFigures, Run, simulate
 from .workload import Job, Workload, jobs, load_workload, loads_workload
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "MemoryFigures",
     "Outcome",
     "Policy",
+    "PreemptionFigures",
     "Run",
     "Workload",
     "budget_problem",
@@ -87,24 +92,40 @@ class Policy:
 
 
 # The references keep no model for its waiting requests (minResidency) either: that would
-# be a kind of affinity, and they would no longer be what their names say.
+# be a kind of affinity, and they would no longer be what their names say; nor do they
+# preempt, whatever the config says.
 ARRIVAL_ORDER = Policy(
-    "arrival order", "serial", {"swapAffinityBonus": 0}, ignore_priority=True, min_residency=0.0
+    "arrival order",
+    "serial",
+    {"swapAffinityBonus": 0, "preempt": False},
+    ignore_priority=True,
+    min_residency=0.0,
 )
 STRICT_PRIORITY = Policy(
-    "strict priority", "serial", {"agingDivisor": 0, "swapAffinityBonus": 0}, min_residency=0.0
+    "strict priority",
+    "serial",
+    {"agingDivisor": 0, "swapAffinityBonus": 0, "preempt": False},
+    min_residency=0.0,
 )
 FIFO = Policy("fifo", "fifo")
 
 
+def toggled_preemption(config: Config) -> Policy:
+    """The config's own ``serial`` policy with ``preempt`` turned the other way."""
+    if config.routing.scheduler.settings.serial.preempt:
+        return Policy("serial, no preempt", "serial", {"preempt": False})
+    return Policy("serial + preempt", "serial", {"preempt": True})
+
+
 def policies(config: Config, *, compare: bool = False) -> list[Policy]:
-    """The config's own policy and, with ``compare``, the reference ones."""
+    """The config's own policy and, with ``compare``, the reference ones, and for a
+    ``serial`` config the same with ``preempt`` turned the other way."""
     own = config.routing.scheduler.use
     found = [Policy(f"{own} (this config)")]
     if compare:
         found += [ARRIVAL_ORDER, STRICT_PRIORITY]
         if own != "fifo":
-            found.append(FIFO)
+            found += [FIFO, toggled_preemption(config)]
     return found
 
 

@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="also run arrival order, strict priority and fifo on the same arrivals",
+        help="also run arrival order, strict priority and fifo on the same arrivals, and "
+        "for a serial config the same config with preempt turned the other way",
     )
     parser.add_argument(
         "--memory",

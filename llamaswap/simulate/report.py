@@ -11,7 +11,7 @@ import attrs
 from llamaswap.resources import format_size
 from llamaswap.schedulers import band_of
 
-from .run import Run
+from .run import PreemptionFigures, Run
 
 __all__ = ["PLOT_FORMATS", "Figures", "figures", "plot", "plot_problem", "table"]
 
@@ -32,10 +32,11 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
 class Figures:
     """What ``simulate`` prints for one policy. Waits are in seconds, from arrival to grant.
 
-    The memory figures are None (and their columns absent) when no model declares
-    ``memory``: ``memory`` the devices' declared budgets, ``evictions`` the models stopped
-    to make room, ``out_of_memory`` the loads that failed for memory, ``peaks`` the most
-    the simulated servers held at once, by device.
+    ``preemption`` is None (and its columns absent, unless another row has it) when the
+    policy does not preempt. The memory figures are None (and their columns absent) when
+    no model declares ``memory``: ``memory`` the devices' declared budgets,
+    ``evictions`` the models stopped to make room, ``out_of_memory`` the loads that
+    failed for memory, ``peaks`` the most the simulated servers held at once, by device.
     """
 
     policy: str
@@ -52,6 +53,8 @@ class Figures:
     evictions: int | None = None
     out_of_memory: int | None = None
     peaks: Mapping[str, int] | None = None
+    #: What preemption cost (``PreemptionFigures``); None where the policy does not preempt.
+    preemption: PreemptionFigures | None = None
 
 
 def waits(run: Run, band: str) -> list[float]:
@@ -79,6 +82,7 @@ def figures(policy: str, run: Run) -> Figures:
         evictions=None if memory is None else memory.evictions,
         out_of_memory=None if memory is None else len(memory.out_of_memory),
         peaks=None if memory is None else memory.peaks,
+        preemption=run.preemption,
     )
 
 
@@ -113,9 +117,29 @@ def _cell(value: object) -> str:
 Column = tuple[str, Callable[[Figures], str]]
 
 
+def _preemptions(row: Figures) -> str:
+    return "-" if row.preemption is None else str(row.preemption.preemptions)
+
+
+def _recomputed(row: Figures) -> str:
+    """Recomputed tokens, and what fraction of the generated ones they are."""
+    found = row.preemption
+    if found is None:
+        return "-"
+    return f"{found.recomputed_tokens} ({100 * found.recomputed_fraction:.1f} %)"
+
+
+#: The preemption columns, after ``not served``, where a row preempts.
+_PREEMPTION_COLUMNS: tuple[Column, ...] = (
+    ("preemptions", _preemptions),
+    ("recomputed tokens", _recomputed),
+)
+
+
 def _columns(rows: Sequence[Figures]) -> list[Column]:
-    """The table's columns: the memory ones only where a row has memory figures, and a
-    ``peak DEVICE`` for each device a row has a peak on, after ``out of memory``."""
+    """The table's columns: the preemption ones only where a row preempts; the memory
+    ones only where a row has memory figures, and a ``peak DEVICE`` for each device a
+    row has a peak on, after ``out of memory``."""
 
     def plain(name: str) -> Callable[[Figures], str]:
         return lambda row: _cell(getattr(row, name))
@@ -124,6 +148,9 @@ def _columns(rows: Sequence[Figures]) -> list[Column]:
         return lambda row: "-" if not row.peaks else format_size(row.peaks.get(device, 0))
 
     columns: list[Column] = [(title, plain(name)) for title, name in _COLUMNS]
+    if any(row.preemption is not None for row in rows):
+        at = 1 + [t for t, _ in columns].index("not served")
+        columns[at:at] = _PREEMPTION_COLUMNS
     if all(row.memory is None for row in rows):
         return columns
     devices = sorted({device for row in rows for device in row.peaks or {}})

@@ -9,6 +9,16 @@ it runs, and fails to start where it does not fit: ``memory.py``), and time is T
 ``MockClock`` with ``autojump_threshold=0``: when every task waits, the clock jumps to the
 next deadline. An hour of traffic takes seconds, and the same workload gives the same
 figures every time.
+
+Preemption (``serial`` with ``preempt``, for a model whose ``preemptible`` is on): a
+simulated request is preemptible as the forwarder makes a real one, and is served as the
+forwarder serves it. Its server works in a ``lease.preemption()`` scope; when a
+preemption cancels it, the request keeps what was generated (the time it was served, at
+its model's ``tokensPerSecond``), gives its slot back (``Router.resume``) and, granted
+again, goes on with the rest of its job, first reading its prompt and its answer so far
+again at its model's ``promptTokensPerSecond``: what a real server does with the prompt
+and the partial answer the forwarder resends. A request preempted again before that
+reading is done has gained nothing, and reads it all again next time.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from llamaswap.schedulers import Grant, StartSwap, Ticket
 from .memory import DeviceMemory, MemoryFigures, budgets_label, needs
 from .workload import Job, ModelTimes
 
-__all__ = ["Outcome", "Run", "simulate"]
+__all__ = ["Outcome", "PreemptionFigures", "Run", "simulate"]
 
 _URL = "http://{}.simulated"
 
@@ -47,12 +57,38 @@ class Outcome:
     started: float | None = None
     finished: float | None = None
     error: str | None = None
+    #: How often it was preempted, and the tokens its server read again to resume it.
+    preemptions: int = 0
+    recomputed_tokens: float = 0.0
 
     @property
     def wait(self) -> float | None:
         """From arrival to the first token: waiting in llamaswap, a load, and waiting in
         the server's own queue."""
         return None if self.started is None else self.started - self.job.at
+
+
+@attrs.frozen
+class PreemptionFigures:
+    """What preemption cost in a run (``Run.preemption``).
+
+    ``generated_tokens``: the answer tokens the servers generated, every served job's
+    time at its model's ``tokensPerSecond``; a preemption changes nothing in it (the
+    answer so far is kept, and sent again as a prefill, not generated again).
+    ``recomputed_tokens``: the tokens servers read again to resume preempted requests,
+    the prompt and the answer so far at each resume: the work a preemption throws away
+    (the server's cache of them) and does again. ``recompute_seconds``: the time that took.
+    """
+
+    preemptions: int
+    generated_tokens: int
+    recomputed_tokens: int
+    recompute_seconds: float
+
+    @property
+    def recomputed_fraction(self) -> float:
+        """Recomputed tokens as a fraction of the generated ones (0 when none were)."""
+        return self.recomputed_tokens / self.generated_tokens if self.generated_tokens else 0.0
 
 
 @attrs.frozen
@@ -66,6 +102,8 @@ class Run:
     affinity_changed_picks: int | None
     #: What the simulated devices saw; None when no model declares ``memory``.
     memory: MemoryFigures | None = None
+    #: What preemption cost; None when the scheduler does not preempt.
+    preemption: PreemptionFigures | None = None
 
 
 @final
@@ -165,6 +203,10 @@ class _Servers:
         self.spawned = 0
         self.evictions = 0
 
+    def server(self, model: str) -> ModelTimes:
+        """How ``model``'s server behaves."""
+        return self._servers[model]
+
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> _Process:
         await trio.lowlevel.checkpoint()
         model = argv[-1]
@@ -261,16 +303,54 @@ async def _simulate(
     outcomes: list[Outcome] = [Outcome(job) for job in jobs]
     start = trio.current_time()
 
+    serial = config.routing.scheduler.settings.serial
+    preempting = config.routing.scheduler.use == "serial" and serial.preempt
+    recompute_seconds = 0.0
+
     async def client(job: Job) -> None:
-        lease = router.lease(job.model, priority=0 if ignore_priority else job.priority)
+        nonlocal recompute_seconds
+        model = config.models[job.model]
+        server = servers.server(job.model)
+        lease = router.lease(
+            job.model,
+            priority=0 if ignore_priority else job.priority,
+            preemptible=preempting and model.preemptible,
+        )
+        queue = servers.queues[job.model]
+        started: float | None = None
+        remaining = job.duration  # of its generation
+        reading = 0.0  # before it: the prompt and answer so far, read again to resume
+        preemptions = 0
+        recomputed = 0.0
         try:
-            async with router.acquire(lease), servers.queues[job.model].turn(lease.ticket):
-                started = trio.current_time() - start
-                await trio.sleep(job.duration)
+            async with router.acquire(lease):
+                while True:
+                    began: float | None = None
+                    # As the forwarder's upstream request: in the scope from being sent.
+                    with lease.preemption() as preemption:
+                        async with queue.turn(lease.ticket):
+                            began = trio.current_time()
+                            if started is None:
+                                started = began - start
+                            await trio.sleep(reading + remaining)
+                    if not preemption.cancelled_caught:
+                        break
+                    if began is not None:
+                        served = trio.current_time() - began
+                        recompute_seconds += min(served, reading)
+                        remaining -= max(served - reading, 0.0)
+                    preemptions += 1
+                    answered = (job.duration - remaining) * server.tokens_per_second
+                    tokens = job.prompt_tokens + answered
+                    reading = tokens / server.prompt_tokens_per_second
+                    await router.resume(lease)
+                    recomputed += tokens
+                recompute_seconds += reading
         except RequestError as exc:
-            outcomes[job.index] = Outcome(job, error=type(exc).__name__)
+            outcomes[job.index] = Outcome(job, error=type(exc).__name__, preemptions=preemptions)
             return
-        outcomes[job.index] = Outcome(job, started, trio.current_time() - start)
+        finished = trio.current_time() - start
+        outcomes[job.index] = Outcome(job, started, finished, None, preemptions, recomputed)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(router.run)
@@ -280,12 +360,12 @@ async def _simulate(
                 clients.start_soon(client, job)
         statistics = router.scheduler.statistics()
         nursery.cancel_scope.cancel()
-    serial = statistics.name == "serial"
+    is_serial = statistics.name == "serial"
     return Run(
         tuple(outcomes),
         loads=servers.spawned,
-        aging_changed_picks=statistics.aging_changed_picks if serial else None,
-        affinity_changed_picks=statistics.affinity_changed_picks if serial else None,
+        aging_changed_picks=statistics.aging_changed_picks if is_serial else None,
+        affinity_changed_picks=statistics.affinity_changed_picks if is_serial else None,
         memory=None
         if memory is None
         else MemoryFigures(
@@ -294,4 +374,18 @@ async def _simulate(
             servers.evictions,
             tuple(memory.out_of_memory),
         ),
+        preemption=PreemptionFigures(
+            preemptions=sum(o.preemptions for o in outcomes),
+            generated_tokens=round(
+                sum(
+                    o.job.duration * servers.server(o.job.model).tokens_per_second
+                    for o in outcomes
+                    if o.finished is not None
+                )
+            ),
+            recomputed_tokens=round(sum(o.recomputed_tokens for o in outcomes)),
+            recompute_seconds=recompute_seconds,
+        )
+        if preempting
+        else None,
     )

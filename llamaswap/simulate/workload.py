@@ -8,6 +8,9 @@
     [models.chat]
     load = "0.4s"            # from start to ready (default 0)
     parallel = 1             # requests its server works on at once; more queue inside it
+    tokensPerSecond = 100    # generation speed (default 100): counts the tokens of a job
+    promptTokensPerSecond = 1000  # prompt reading speed (default 1000): what resuming a
+                                  # preempted request costs (docs/scheduling.md)
 
     [[streams]]              # Poisson arrivals
     model = "chat"           # an ID or alias from the config
@@ -15,6 +18,7 @@
     every = "5s"             # mean time between two arrivals
     job = "1s"               # time in service; with jobMax, uniform in [job, jobMax]
     jobMax = "3s"
+    promptTokens = 0         # its prompt, read again when a preempted request resumes
 
     [[requests]]             # an explicit trace, alone or beside streams
     at = "2s"
@@ -49,6 +53,8 @@ SPAN = Bounds(0, 31_536_000, "a duration", "seconds", "1 year")
 EVERY = Bounds(0.001, 31_536_000, "a duration", "seconds", "1 year")
 SEED = Bounds(0, 1_000_000_000, "a seed")
 PARALLEL = Bounds(1, 256, "a number of requests")
+RATE = Bounds(1, 10_000_000, "a number of tokens a second")
+TOKENS = Bounds(0, 10_000_000, "a number of tokens")
 
 #: ``priority``: what the header would say (a band's name or an integer, in a string), or
 #: a TOML integer; read into the number the scheduler uses.
@@ -75,6 +81,11 @@ class ModelTimes:
 
     load: float = attrs.field(default=0.0, metadata=within(SPAN))
     parallel: int = attrs.field(default=1, metadata=within(PARALLEL))
+    #: Generation speed: a job of ``t`` seconds generates ``t * tokens_per_second`` tokens.
+    tokens_per_second: int = attrs.field(default=100, metadata=within(RATE))
+    #: Prompt reading speed: a preempted request, resumed, has its prompt and its answer so
+    #: far read again at this rate before it goes on generating.
+    prompt_tokens_per_second: int = attrs.field(default=1000, metadata=within(RATE))
 
 
 _DEFAULT_SERVER = ModelTimes()
@@ -89,6 +100,7 @@ class Stream:
     job: float = attrs.field(metadata=within(SPAN))
     job_max: float = attrs.field(default=0.0, metadata=within(SPAN))
     priority: Priority = Priority(0)
+    prompt_tokens: int = attrs.field(default=0, metadata=within(TOKENS))
 
 
 @attrs.frozen
@@ -99,6 +111,7 @@ class TraceRequest:
     model: str
     job: float = attrs.field(metadata=within(SPAN))
     priority: Priority = Priority(0)
+    prompt_tokens: int = attrs.field(default=0, metadata=within(TOKENS))
 
 
 @attrs.frozen
@@ -116,13 +129,15 @@ class Workload:
 @attrs.frozen
 class Job:
     """One request of a workload: arrives ``at``, for ``model`` (an ID), in service for
-    ``duration`` seconds once its server starts on it."""
+    ``duration`` seconds once its server starts on it (not counting what resuming it
+    after a preemption costs); its prompt is ``prompt_tokens`` long."""
 
     index: int
     at: float
     model: str
     priority: int
     duration: float
+    prompt_tokens: int = 0
 
 
 def loads_workload(text: str, config: Config, *, file: str = "<workload>") -> Workload:
@@ -199,19 +214,16 @@ def load_workload(path: str, config: Config) -> Workload:
 def jobs(workload: Workload) -> list[Job]:
     """Every request of ``workload`` in arrival order; the same seed, the same list."""
     rng = random.Random(workload.seed)
-    found: list[tuple[float, str, int, float]] = []
+    found: list[tuple[float, str, int, float, int]] = []
     for stream in workload.streams:
         at = rng.expovariate(1 / stream.every)
         while at < workload.duration:
             duration = rng.uniform(stream.job, max(stream.job, stream.job_max))
-            found.append((at, stream.model, stream.priority, duration))
+            found.append((at, stream.model, stream.priority, duration, stream.prompt_tokens))
             at += rng.expovariate(1 / stream.every)
-    found.extend((r.at, r.model, r.priority, r.job) for r in workload.requests)
+    found.extend((r.at, r.model, r.priority, r.job, r.prompt_tokens) for r in workload.requests)
     found.sort(key=lambda job: job[0])  # stable: a trace keeps its order among equal times
-    return [
-        Job(index, at, model, priority, duration)
-        for index, (at, model, priority, duration) in enumerate(found)
-    ]
+    return [Job(index, *job) for index, job in enumerate(found)]
 
 
 def _problems(problems: list[Problem]) -> list[ConfigProblem]:

@@ -4,15 +4,18 @@
         [--workload examples/workloads/mixed.workload.toml] \\
         [--duration 120] [--plot docs/img/scheduling.png]
 
-For each policy (the config's own, arrival order, strict priority, fifo) it starts the
+For each policy (the config's own, arrival order, strict priority, fifo, and the config's
+own with ``preempt`` on: ``serial + preempt``) it starts the
 real proxy with the policy written into its config, which starts real fake model servers
 (``--load-seconds``, ``--tokens-per-second``, ``--parallel 1``), and replays the
 workload's arrivals in real time: each request is a streamed chat completion whose
 ``max_tokens`` makes it last its job time, sent with its priority header. A request's
 wait is from sending it to its response headers, which the fake server sends when it
 starts generating (the moment ``llamaswap simulate`` calls ``started``). Then it runs the
-simulator on the same arrivals and prints both tables, the goals of issue 12, and whether
-each holds, in the real run and in the simulated one.
+simulator on the same arrivals and prints both tables, the goals of issues 12 and 29, and
+whether each holds, in the real run and in the simulated one. A preempted request is
+resumed by the proxy as for any client (the fake server continues a prefilled answer);
+the real run's preemptions and recomputed prompt tokens are read from ``/api/activity``.
 
 The real run takes ``--duration`` seconds per policy (the workload's own duration is
 replaced by it), so the default takes about ten minutes.
@@ -40,6 +43,7 @@ from llamaswap.simulate import (
     Job,
     Outcome,
     Policy,
+    PreemptionFigures,
     Run,
     Workload,
     figures,
@@ -120,6 +124,35 @@ def metric_sum(text: str, prefix: str, having: str = "") -> float:
     )
 
 
+def preemption_figures(
+    records: Sequence[dict[str, object]], outcomes: Sequence[Outcome]
+) -> PreemptionFigures:
+    """What preemption cost in a real run: the preemptions and recomputed prompt tokens
+    the forwarder wrote down in the activity records, and the tokens generated, every
+    served request's ``max_tokens`` (the fake server generates exactly that many; the
+    streamed answers have no ``usage``). The fake server reads a prompt in no time:
+    ``recompute_seconds`` is 0."""
+
+    def number(value: object) -> int:
+        return value if isinstance(value, int) else 0
+
+    def meta(record: dict[str, object], key: str) -> int:
+        metadata = record.get("metadata")
+        return number(metadata.get(key)) if isinstance(metadata, dict) else 0
+
+    return PreemptionFigures(
+        preemptions=sum(meta(r, "preemptions") for r in records),
+        generated_tokens=sum(max_tokens(o.job) for o in outcomes if o.finished is not None),
+        recomputed_tokens=sum(meta(r, "recomputed_prompt_tokens") for r in records),
+        recompute_seconds=0.0,
+    )
+
+
+def preempts(config: Config) -> bool:
+    scheduler = config.routing.scheduler
+    return scheduler.use == "serial" and scheduler.settings.serial.preempt
+
+
 @attrs.frozen
 class RealRun:
     run: Run
@@ -128,9 +161,14 @@ class RealRun:
 
 
 async def real_run(
-    config_text: str, policy: Policy, arrivals: Sequence[Job], directory: Path
+    config_text: str,
+    policy: Policy,
+    arrivals: Sequence[Job],
+    directory: Path,
+    preempting: bool = False,
 ) -> RealRun:
-    """``arrivals`` served by the real proxy under ``policy``."""
+    """``arrivals`` served by the real proxy under ``policy`` (which preempts, if
+    ``preempting``: its activity is read for the figures)."""
     text = policy_toml(config_text, policy, free_port_base(16))
     async with trio.open_nursery() as nursery:
         proxy = await start_proxy(nursery, text, directory, log_level="warn")
@@ -138,12 +176,14 @@ async def real_run(
             outcomes = await replay(proxy.url, arrivals, ignore_priority=policy.ignore_priority)
             async with proxy.client() as client:
                 metrics = (await client.get("/metrics")).text
+                activity = (await client.get("/api/activity?limit=10000")).json()["activity"]
         finally:
             await stop_proxy(proxy)
         nursery.cancel_scope.cancel()
     loads = metric_sum(metrics, "llamaswap_model_loads_total{", 'result="ready"')
     seconds = metric_sum(metrics, "llamaswap_model_load_duration_seconds_sum")
-    run = Run(tuple(outcomes), round(loads), None, None)
+    preemption = preemption_figures(activity, outcomes) if preempting else None
+    run = Run(tuple(outcomes), round(loads), None, None, preemption=preemption)
     return RealRun(run, seconds / loads if loads else 0.0)
 
 
@@ -164,7 +204,8 @@ def real_runs(config_path: Path, config: Config, workload: Workload) -> list[Rea
     with tempfile.TemporaryDirectory() as directory:
         for policy in policies(config, compare=True):
             print(f"real run: {policy.name} ({len(arrivals)} requests) ...", flush=True)
-            runs.append(trio.run(real_run, text, policy, arrivals, Path(directory)))
+            preempting = preempts(policy.applied(config))
+            runs.append(trio.run(real_run, text, policy, arrivals, Path(directory), preempting))
     return runs
 
 
@@ -193,6 +234,32 @@ def goals(rows: Sequence[Figures]) -> list[tuple[str, bool | None]]:
     ]
 
 
+def preemption_goals(rows: Sequence[Figures]) -> list[tuple[str, bool | None]]:
+    """Issue 29's goals for ``serial + preempt``, checked on one table's rows."""
+    by_name = {row.policy: row for row in rows}
+    arrival, strict = by_name["arrival order"], by_name["strict priority"]
+    preempt = by_name.get("serial + preempt")
+    if preempt is None or preempt.preemption is None:
+        return [("serial + preempt was not run (the config preempts already?)", None)]
+
+    def ratio(a: float | None, b: float | None) -> float:
+        return math.nan if a is None or b is None or b == 0 else a / b
+
+    p95 = ratio(preempt.interactive_p95, strict.interactive_p95)
+    batch = ratio(preempt.batch_max, arrival.batch_max)
+    found = preempt.preemption
+    return [
+        (f"interactive p95 <= 0.5x strict priority's ({p95:.2f}x)", p95 <= 0.5),
+        (f"batch max wait <= 1.5x arrival order's ({batch:.2f}x)", batch <= 1.5),
+        (
+            f"recomputed tokens <= 10 % of generated ({found.recomputed_tokens} of "
+            f"{found.generated_tokens}: {100 * found.recomputed_fraction:.1f} %, "
+            f"{found.preemptions} preemptions)",
+            found.recomputed_fraction <= 0.1,
+        ),
+    ]
+
+
 def agreement(simulated: Run, real: Run) -> str:
     """How far apart the two runs' waits are, request by request."""
     gaps = [
@@ -208,7 +275,7 @@ def agreement(simulated: Run, real: Run) -> str:
 
 def print_goals(title: str, rows: Sequence[Figures]) -> None:
     print(f"\n{title}")
-    for text, held in goals(rows):
+    for text, held in goals(rows) + preemption_goals(rows):
         mark = "n/a" if held is None else ("yes" if held else "NO")
         print(f"  [{mark:>3}] {text}")
 

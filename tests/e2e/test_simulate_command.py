@@ -29,8 +29,14 @@ def test_the_command_runs_the_bundled_example_and_plots(tmp_path: Path) -> None:
     workload = str(EXAMPLES / "mixed.workload.toml")
     done = simulate_command("--workload", workload, "--compare", "--plot", str(png))
     assert done.returncode == 0, done.stderr
-    names = [line.split("|")[1].strip() for line in done.stdout.splitlines()[2:6]]
-    assert names == ["serial (this config)", "arrival order", "strict priority", "fifo"]
+    names = [line.split("|")[1].strip() for line in done.stdout.splitlines()[2:7]]
+    assert names == [
+        "serial (this config)",
+        "arrival order",
+        "strict priority",
+        "fifo",
+        "serial + preempt",
+    ]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

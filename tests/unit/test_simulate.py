@@ -14,6 +14,7 @@ from llamaswap.process.supervisor import HEALTH_POLL_INTERVAL
 from llamaswap.simulate import (
     Budget,
     MemoryFigures,
+    PreemptionFigures,
     Run,
     budget_problem,
     figures,
@@ -286,7 +287,13 @@ def test_each_policy_serves_the_trace_in_its_own_order() -> None:
     cfg = config()
     workload = loads_workload(workload_text(TRACE), cfg)
     runs = {p.name: run_policy(p, cfg, workload) for p in policies(cfg, compare=True)}
-    assert list(runs) == ["serial (this config)", "arrival order", "strict priority", "fifo"]
+    assert list(runs) == [
+        "serial (this config)",
+        "arrival order",
+        "strict priority",
+        "fifo",
+        "serial + preempt",
+    ]
     # serial: the interactive one (needs a swap) beats the normal one (affinity +10);
     # then the normal one for 'b'... for 'a' (0) beats batch for 'b' (-100 + 10).
     assert served_order(runs["serial (this config)"]) == [0, 2, 3, 1]
@@ -321,12 +328,137 @@ def test_the_table_has_a_row_per_policy_and_a_dash_where_a_figure_does_not_apply
     workload = loads_workload(workload_text(TRACE), cfg)
     rows = [figures(p.name, run_policy(p, cfg, workload)) for p in policies(cfg, compare=True)]
     lines = table(rows).splitlines()
-    assert len(lines) == 2 + 4
+    assert len(lines) == 2 + 5
     assert lines[0].startswith("| policy")
-    assert lines[-1].startswith("| fifo")
-    assert lines[-1].rstrip(" |").endswith("-")  # fifo has no affinity counts
+    assert lines[-2].startswith("| fifo")
+    assert lines[-2].rstrip(" |").endswith("-")  # fifo has no affinity counts
     assert rows[0].interactive_p50 == rows[0].interactive_p95  # one interactive request
     assert rows[0].batch_p50 == rows[0].batch_max  # one batch request
+
+
+# ------------------------------------------------------------------------- preemption
+
+PREEMPT_CONFIG = CONFIG + "[routing.scheduler.settings.serial]\npreempt = true\n"
+
+# A batch request for 'a' (a 192-token prompt; 64 tokens a second, its prompt read at 256
+# a second), and interactive requests arriving while it is served. Loads take no time:
+# every time below is exact.
+PREEMPT_TRACE = """
+[models.a]
+tokensPerSecond = 64
+promptTokensPerSecond = 256
+[models.b]
+load = "1s"
+[[requests]]
+at = 0
+model = "a"
+priority = "batch"
+job = "4s"
+promptTokens = 192
+"""
+
+
+def interactive(at: str, model: str = "a") -> str:
+    return f'[[requests]]\nat = "{at}"\nmodel = "{model}"\npriority = "interactive"\njob = "1s"\n'
+
+
+def run_of(config_text: str, trace: str) -> Run:
+    cfg = config(config_text)
+    [own] = policies(cfg)
+    return run_policy(own, cfg, loads_workload(trace, cfg))
+
+
+def served(run: Run) -> list[tuple[float | None, float | None, int]]:
+    return [(o.started, o.finished, o.preemptions) for o in run.outcomes]
+
+
+def test_a_preempted_request_goes_on_after_reading_its_prompt_and_answer_again() -> None:
+    trace = PREEMPT_TRACE + interactive("2s")
+    # Without preemption the interactive request waits for the batch one to finish.
+    plain = run_of(CONFIG, trace)
+    assert served(plain) == [(0.0, 4.0, 0), (4.0, 5.0, 0)]
+    assert plain.preemption is None
+    # With it: the batch request stops at 2 s with 128 tokens generated, the interactive
+    # one is served at once, and the batch one goes on at 3 s, reading its prompt and
+    # answer so far again (192 + 128 tokens at 256 a second: 1.25 s), then the 2 s left.
+    run = run_of(PREEMPT_CONFIG, trace)
+    assert served(run) == [(0.0, 3.0 + 1.25 + 2.0, 1), (2.0, 3.0, 0)]
+    assert run.outcomes[0].recomputed_tokens == 192 + 128
+    assert run.preemption == PreemptionFigures(
+        preemptions=1,
+        generated_tokens=4 * 64 + 64,
+        recomputed_tokens=320,
+        recompute_seconds=1.25,
+    )
+    assert run.loads == plain.loads == 1
+
+
+def test_preempting_for_another_model_swaps_and_swaps_back() -> None:
+    run = run_of(PREEMPT_CONFIG, PREEMPT_TRACE + interactive("2s", model="b"))
+    # 'b' loads from 2 s (1 s, to the health poll), serves the interactive request; then
+    # 'a' loads again (no time) and the batch request reads 1.25 s and generates 2 s more.
+    [(batch_start, batch_end, once), (started, finished, never)] = served(run)
+    assert (batch_start, once, never) == (0.0, 1, 0)
+    assert started is not None
+    assert started == pytest.approx(3.0, abs=HEALTH_POLL_INTERVAL)
+    assert finished == started + 1.0
+    assert batch_end == pytest.approx(finished + 1.25 + 2.0)
+    assert run.loads == 3
+
+
+def test_preempted_while_reading_again_gains_nothing_and_max_preemptions_holds() -> None:
+    text = PREEMPT_CONFIG + "maxPreemptions = 2\n"
+    trace = PREEMPT_TRACE + interactive("1s") + interactive("2.5s") + interactive("5s")
+    run = run_of(text, trace)
+    # Preempted at 1 s (64 tokens); back at 2 s, reading 192 + 64 tokens (1 s); preempted
+    # at 2.5 s, halfway through; back at 3.5 s, reading it all again, then the 3 s left,
+    # not preempted a third time: the interactive request at 5 s waits for it.
+    assert served(run) == [
+        (0.0, 3.5 + 1.0 + 3.0, 2),
+        (1.0, 2.0, 0),
+        (2.5, 3.5, 0),
+        (7.5, 8.5, 0),
+    ]
+    assert run.preemption == PreemptionFigures(
+        preemptions=2,
+        generated_tokens=4 * 64 + 3 * 64,
+        recomputed_tokens=256 + 256,
+        recompute_seconds=0.5 + 1.0,
+    )
+
+
+def test_a_model_that_is_not_preemptible_runs_its_requests_to_their_end() -> None:
+    text = PREEMPT_CONFIG.replace("[models.b]", "preemptible = false\n[models.b]")
+    run = run_of(text, PREEMPT_TRACE + interactive("2s"))
+    assert served(run) == [(0.0, 4.0, 0), (4.0, 5.0, 0)]
+    assert run.preemption == PreemptionFigures(0, 5 * 64, 0, 0.0)
+
+
+def test_compare_turns_preemption_the_other_way_and_the_references_never_preempt() -> None:
+    cfg = config(PREEMPT_CONFIG)
+    workload = loads_workload(PREEMPT_TRACE + interactive("2s"), cfg)
+    runs = {p.name: run_policy(p, cfg, workload) for p in policies(cfg, compare=True)}
+    assert list(runs) == [
+        "serial (this config)",
+        "arrival order",
+        "strict priority",
+        "fifo",
+        "serial, no preempt",
+    ]
+    assert [name for name, run in runs.items() if run.preemption is not None] == [
+        "serial (this config)"
+    ]
+    assert served(runs["strict priority"]) == served(runs["serial, no preempt"])
+    rows = [figures(name, run) for name, run in runs.items()]
+    lines = table(rows).splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[7:10] == ["not served", "preemptions", "recomputed tokens"]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    # 320 tokens read again, of 320 generated.
+    assert [c[8:10] for c in cells] == [["1", "320 (100.0 %)"]] + [["-", "-"]] * 4
+    # Where no policy preempts, no preemption columns.
+    plain = table([figures(name, run) for name, run in runs.items() if run.preemption is None])
+    assert "preempt" not in plain.splitlines()[0]
 
 
 # ----------------------------------------------------------------------------- memory
