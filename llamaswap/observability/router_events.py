@@ -149,8 +149,10 @@ class RouterEvents:
             self._model_soon(decision.ticket.model)  # one more in flight
         elif isinstance(decision, Fail):
             self._hub.publish(_from_ticket(decision.ticket, "failed", str(decision.error)))
-        elif isinstance(decision, Preempt) and decision.ticket.state is RequestState.SERVING:
-            self._hub.publish(_from_ticket(decision.ticket, "preempting"))
+        elif isinstance(decision, Preempt):
+            # Serving: it will checkpoint. Loading: its load was given up; it waits again.
+            serving = decision.ticket.state is RequestState.SERVING
+            self._hub.publish(_from_ticket(decision.ticket, "preempting" if serving else "paused"))
         elif isinstance(decision, StartSwap):
             swap = decision.swap
             evict = sorted(swap.evict)

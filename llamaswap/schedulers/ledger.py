@@ -129,6 +129,15 @@ class Ledger:
         self.preempted[ticket.band] += 1
         self._outbox.append(Preempt(ticket))
 
+    def take_back(self, ticket: Ticket) -> None:
+        """Give up the load the ``LOADING`` ``ticket`` waits for (``Preempt``, counted by
+        its band): it leaves the swap, whose last waiter cancels it, and waits again, as
+        a checkpointed request does (``requeue``)."""
+        self.leave_swap(ticket)
+        self.preempted[ticket.band] += 1
+        self.requeue(ticket)
+        self._outbox.append(Preempt(ticket))
+
     def take(self) -> list[Decision]:
         """The decisions made since the last call, in order; the event's return value."""
         decisions, self._outbox = self._outbox, []

@@ -534,7 +534,8 @@ class SerialScheduler:
             if holders and (
                 full or ticket.model != holders[0].model or holders[0].state is RequestState.QUEUED
             ):
-                self._preempt_for(ticket)
+                if self._preempt_for(ticket):
+                    continue  # a load given up for it: the slots are free
                 return
             if candidates >= 2:
                 self.aging_changed_picks += no_aging is not ticket
@@ -551,27 +552,41 @@ class SerialScheduler:
                 # slot, QUEUED, until that model drains (on_finish).
                 self._ledger.dispatch(ticket)
 
-    def _preempt_for(self, ticket: Ticket) -> None:
+    def _preempt_for(self, ticket: Ticket) -> bool:
         """Checkpoint the slot holders ``ticket`` outranks by a band, if that gives it the
         slot: the lowest-ranked holder, for the holders' own model (its slots are full);
-        every holder, for another model. None if any of them may not be preempted."""
+        every holder, for another model. None if any of them may not be preempted.
+
+        Holders whose model is still loading give it up at once (the ledger's
+        ``take_back``: the load is cancelled, they wait again): True, the slots are free
+        for ``ticket`` now. Serving ones are told to checkpoint, and free them when they
+        come back (``on_preempted``)."""
         holders = self._holders
         if not self._preempt or any(holder.preempting for holder in holders):
-            return  # one preemption at a time: the pick runs again when it comes back
+            return False  # one preemption at a time: the pick runs again when it comes back
         if ticket.model == holders[0].model and holders[0].state is not RequestState.QUEUED:
             victims = [min(holders, key=lambda t: (self.static_key(t), -t.seq))]
         else:
             victims = list(holders)
-        if all(self._outranks(ticket, victim) for victim in victims):
-            for victim in victims:
+        if not all(self._outranks(ticket, victim) for victim in victims):
+            return False
+        for victim in victims:
+            if victim.state is RequestState.LOADING:
+                holders.remove(victim)
+                self._ledger.take_back(victim)
+                self._lanes.push(victim, self.static_key(victim))
+            else:
                 self._ledger.preempt(victim)
+        return not holders
 
     def _outranks(self, ticket: Ticket, holder: Ticket) -> bool:
-        """Whether ``ticket``, waiting, may preempt ``holder``: it is serving, resumable,
-        preempted fewer than ``maxPreemptions`` times, and a band below ``ticket``."""
+        """Whether ``ticket``, waiting, may preempt ``holder``: it is serving, or waiting
+        for the load of another model than ``ticket``'s; resumable; preempted fewer than
+        ``maxPreemptions`` times; and a band below ``ticket``."""
         margin = PREEMPT_MARGIN * (self._divisor_ns or 1)
+        loading = holder.state is RequestState.LOADING and holder.model != ticket.model
         return (
-            holder.state is RequestState.SERVING
+            (holder.state is RequestState.SERVING or loading)
             and holder.preemptible
             and holder.preemptions < self._max_preemptions
             and self.static_key(ticket) - self.static_key(holder) >= margin

@@ -339,3 +339,41 @@ async def test_a_whole_answer_that_calls_a_tool_is_put_together_as_the_server_gi
                 assert call["function"]["name"] == "lookup"
                 del answer["created"], answer["timings"]  # measured: they differ
             assert answers[0] == answers[1]
+
+
+SLOW_A = config(
+    """
+[models.a]
+cmd = "${fake} --load-seconds 30"
+[models.b]
+cmd = "${fake}"
+[routing.scheduler]
+use = "serial"
+[routing.scheduler.settings.serial]
+preempt = true
+"""
+)
+
+
+async def test_a_batch_load_is_given_up_for_interactive_work(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(SLOW_A)
+    async with proxy.client() as client, trio.open_nursery() as nursery:
+        with trio.fail_after(20):  # well within a's 30 s load: it was not waited for
+            mark = len(proxy.output.lines)
+            failures: list[int] = []
+
+            async def batch() -> None:
+                response = await client.post(
+                    "/v1/chat/completions", json=chat("a", max_tokens=4), headers=BATCH
+                )
+                failures.append(response.status_code)
+
+            nursery.start_soon(batch)
+            await wait_for_request(client, "a", "loading")
+            await interrupt(proxy, client, "b", [])
+            await proxy.output.wait_for(r"cancelling the load of 'a'", start=mark)
+            # b was served first; the batch request waits again, for a new load of a.
+            [entry] = await inflight(client)
+            assert (entry["model"], entry["paused"], entry["preemptions"]) == ("a", True, 1)
+            nursery.cancel_scope.cancel()
+        assert failures == []  # it was never answered with an error

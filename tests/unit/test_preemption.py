@@ -147,15 +147,34 @@ def test_only_a_resumable_request_under_its_limit_is_preempted() -> None:
     assert pinned.preemptions == 0
 
 
-def test_a_load_in_progress_is_not_preempted() -> None:
+def test_a_load_for_another_model_is_given_up_at_once() -> None:
     fx = FakeWorld()
     s = make(fx)
     batch = request("a", 1, BATCH)
     s.on_request(batch)
+    load_a = fx.last_swap()
     assert batch.state is RequestState.LOADING
-    assert s.on_request(request("b", 2, INTERACTIVE)) == []
-    fx.complete(s, fx.last_swap())  # ready: now it is serving, and is preempted
+    interactive = request("b", 2, INTERACTIVE)
+    s.on_request(interactive)
+    # The load of a is cancelled, batch waits again, and b's load starts in the same event.
+    assert fx.cancelled == [(load_a, "every request waiting for 'a' has left")]
     assert fx.preempted == [batch]
+    assert (batch.state, batch.preemptions) == (RequestState.QUEUED, 1)
+    assert fx.last_swap().target == "b"
+    assert interactive.state is RequestState.LOADING
+    assert s.scheduler.queued() == [batch]
+    assert s.scheduler.admitted("a") == 1  # its reservation is kept
+
+
+def test_a_load_for_the_same_model_or_less_urgent_work_goes_on() -> None:
+    fx = FakeWorld()
+    s = make(fx)
+    batch = request("a", 1, BATCH)
+    s.on_request(batch)
+    s.on_request(request("a", 2, INTERACTIVE))  # it will be served by the same load
+    s.on_request(request("b", 3, NORMAL))  # not a band above, by the wait between them
+    assert (fx.cancelled, fx.preempted) == ([], [])
+    assert batch.state is RequestState.LOADING
 
 
 def test_one_preemption_at_a_time() -> None:
