@@ -52,9 +52,11 @@ made, and comes back (``on_preempted``) to wait in its lane with its old static 
 it goes on aging from its arrival. In the static keys the rule is one subtraction:
 ``key(waiting) - key(serving) >= 100 * agingDivisor``. Only a request its forwarder marked
 resumable (``Ticket.preemptible``) is preempted, at most ``maxPreemptions`` times (then it
-runs to its end: no live-lock), and only one that is serving: a load in progress is not
-thrown away. For a model of its own the waiting request needs every slot, so every
-holder must qualify; for the slot holders' model, the lowest-ranked one gives its slot.
+runs to its end: no live-lock). A holder whose model is still loading for it, where the
+waiting request wants another model, gives the load up at once (``Ledger.take_back``)
+rather than finish it only to be checkpointed. For a model of its own the waiting
+request needs every slot, so every holder must qualify; for the slot holders' model, the
+lowest-ranked one gives its slot.
 
 Rejected alternatives
 ---------------------
