@@ -60,8 +60,9 @@ import logging
 import os
 import re
 import string
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from contextlib import aclosing
+from functools import partial
 from typing import Any, Protocol, TypeGuard, final
 
 import attrs
@@ -276,17 +277,8 @@ class SlotKeeper:
             return
         self._directories.add(directory)
         began = trio.current_time()
-        tally = _Tally()
-        with trio.move_on_after(self._timeout) as bound:
-            try:
-                await self._save(model, definition, directory, tally)
-            except _Failed as exc:
-                tally.failures.insert(0, str(exc))
-            except Exception as exc:  # a bug here must not fail the swap: say it, go on
-                logger.exception("model %r: saving its slots failed", model)
-                tally.failures.insert(0, f"llamaswap's own error ({exc!r})")
-        if bound.cancelled_caught:
-            tally.failures.insert(0, f"gave up after {self._timeout:g}s")
+        save = partial(self._save, model, definition, directory)
+        tally = await self._tallied(model, "saving", save)
         elapsed = trio.current_time() - began
         if tally.failures:
             logger.warning(
@@ -304,6 +296,25 @@ class SlotKeeper:
                 elapsed,
             )
         await self._bound(config, spare=file_stem(loading))
+
+    async def _tallied(
+        self, model: str, doing: str, work: Callable[[_Tally], Awaitable[None]]
+    ) -> _Tally:
+        """``work(tally)`` within the timeout: what went wrong is in the tally,
+        never raised (a bug here must not fail the swap or the load: it is said, and the
+        swap goes on)."""
+        tally = _Tally()
+        with trio.move_on_after(self._timeout) as bound:
+            try:
+                await work(tally)
+            except _Failed as exc:
+                tally.failures.insert(0, str(exc))
+            except Exception as exc:
+                logger.exception("model %r: %s its slots failed", model, doing)
+                tally.failures.insert(0, f"llamaswap's own error ({exc!r})")
+        if bound.cancelled_caught:
+            tally.failures.insert(0, f"gave up after {self._timeout:g}s")
+        return tally
 
     async def _save(
         self, model: str, definition: ModelConfig, directory: str, tally: _Tally
@@ -355,15 +366,8 @@ class SlotKeeper:
         if directory is None:
             return
         began = trio.current_time()
-        tally = _Tally()
-        with trio.move_on_after(self._timeout) as bound:
-            try:
-                await self._restore(model, definition, directory, tally)
-            except Exception as exc:  # a bug here must not fail the load: say it, go on
-                logger.exception("model %r: restoring its slots failed", model)
-                tally.failures.insert(0, f"llamaswap's own error ({exc!r})")
-        if bound.cancelled_caught:
-            tally.failures.insert(0, f"gave up after {self._timeout:g}s")
+        restore = partial(self._restore, model, definition, directory)
+        tally = await self._tallied(model, "restoring", restore)
         if tally.failures:
             logger.warning(
                 "model %r: could not restore its slots: %s (restored %s)",

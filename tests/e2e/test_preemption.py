@@ -15,16 +15,24 @@ from tests.e2e.harness import ProxyProcess
 from tests.e2e.test_operations import inflight, wait_for_request
 from tests.e2e.test_proxy import chat, config
 
-PREEMPT = config(
+
+def preempting(models: str) -> str:
+    """A config of ``models`` under ``serial`` with preemption on."""
+    return config(models + SERIAL_PREEMPT)
+
+
+SERIAL_PREEMPT = """
+[routing.scheduler]
+use = "serial"
+[routing.scheduler.settings.serial]
+preempt = true
+"""
+PREEMPT = preempting(
     """
 [models.a]
 cmd = "${fake} --tokens-per-second 40"
 [models.b]
 cmd = "${fake} --tokens-per-second 40"
-[routing.scheduler]
-use = "serial"
-[routing.scheduler.settings.serial]
-preempt = true
 """
 )
 INTERACTIVE = {"X-LlamaSwap-Priority": "interactive"}
@@ -143,16 +151,12 @@ async def test_a_whole_answer_is_resumed_after_a_swap_and_back(
 
 
 #: b takes a second to load, so a batch request preempted for it stays paused that long.
-SLOW_B = config(
+SLOW_B = preempting(
     """
 [models.a]
 cmd = "${fake} --tokens-per-second 40"
 [models.b]
 cmd = "${fake} --load-seconds 1"
-[routing.scheduler]
-use = "serial"
-[routing.scheduler.settings.serial]
-preempt = true
 """
 )
 
@@ -238,14 +242,10 @@ async def test_an_unload_while_paused_ends_the_stream_with_a_503(
             assert last["error"]["code"] == "model_unloaded"
 
 
-IGNORES_PREFILL = config(
+IGNORES_PREFILL = preempting(
     """
 [models.a]
 cmd = "${fake} --tokens-per-second 40 --ignore-prefill"
-[routing.scheduler]
-use = "serial"
-[routing.scheduler.settings.serial]
-preempt = true
 """
 )
 
@@ -341,16 +341,12 @@ async def test_a_whole_answer_that_calls_a_tool_is_put_together_as_the_server_gi
             assert answers[0] == answers[1]
 
 
-SLOW_A = config(
+SLOW_A = preempting(
     """
 [models.a]
 cmd = "${fake} --load-seconds 30"
 [models.b]
 cmd = "${fake}"
-[routing.scheduler]
-use = "serial"
-[routing.scheduler.settings.serial]
-preempt = true
 """
 )
 
