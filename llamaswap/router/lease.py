@@ -114,8 +114,6 @@ class Lease:
         #: Cancelling it ends the request wherever it is (``cancel``).
         self.scope = trio.CancelScope()
         self.cancel_error: RequestError | None = None
-        #: The scheduler decided to checkpoint it (``preempt``); cleared as it comes back.
-        self.preempted = False
         self._preemption: trio.CancelScope | None = None
         self._abandoned: collections.deque[Lease] | None = None
         self._task: trio.lowlevel.Task | None = None
@@ -149,9 +147,10 @@ class Lease:
     def preemption(self) -> trio.CancelScope:
         """A new cancel scope that a preemption of this request cancels: the forwarder
         reads its upstream in it, and never writes to its client in it (a write cut short
-        would close the client's connection). Cancelled already if the request is."""
+        would close the client's connection). Cancelled already if the scheduler has
+        decided its checkpoint (``Ticket.preempting``, cleared as it comes back)."""
         scope = self._preemption = trio.CancelScope()
-        if self.preempted:
+        if self.ticket.preempting:
             scope.cancel(reason="preempted")
         return scope
 
@@ -161,7 +160,6 @@ class Lease:
 
     def preempt(self) -> None:
         """The scheduler decided ``Preempt``: end the generation at the next read."""
-        self.preempted = True
         if self._preemption is not None:
             self._preemption.cancel(reason="preempted")
 
@@ -256,7 +254,6 @@ class Leases:
     def pause(self, lease: Lease) -> None:
         """The serving request was checkpointed: count it out, and let it park again."""
         self._count_out(lease.ticket.model)
-        lease.preempted = False
         lease._preemption = None
         lease._outcome = None
 
