@@ -35,7 +35,7 @@ from hypercorn.typing import (
     HTTPScope,
 )
 
-from llamaswap.config.model import Config, FilterConfig, ModelConfig, Timeouts
+from llamaswap.config.model import Config, FilterConfig, Timeouts
 from llamaswap.errors import (
     BadRequest,
     BodyTooLarge,
@@ -65,6 +65,7 @@ from llamaswap.router.names import Names, Peer
 from llamaswap.router.router import CANCEL_GRACE
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
+from llamaswap.schedulers.settings import preemptible
 
 from . import anthropic, resume
 from .exchange import CLIENT_LEFT, Exchange, Recorder
@@ -328,7 +329,9 @@ class Forwarder:
                 reply.body,
                 estimator=self._estimator,
             )
-        preemptible = translation is None and self._preemptible(model, headers, path, payload)
+        preemptible = translation is None and self._preemptible(
+            target.model_id, headers, path, payload
+        )
         exchange.lease = lease = self._router.lease(
             target.model_id,
             priority=exchange.priority,
@@ -355,16 +358,13 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
 
     def _preemptible(
-        self, model: ModelConfig, headers: dict[str, str], path: str, payload: Payload | None
+        self, model_id: str, headers: dict[str, str], path: str, payload: Payload | None
     ) -> bool:
         """Whether the request may be checkpointed and resumed (``resume.py``): under
         ``serial`` with ``preempt``, for a model that allows it, unless the client opts out,
         and for a generation that can be resumed exactly."""
-        scheduler = self._config.routing.scheduler
         return (
-            scheduler.use == "serial"
-            and scheduler.settings.serial.preempt
-            and model.preemptible
+            preemptible(self._config, model_id)
             and headers.get("x-llamaswap-preemptible", "").strip().lower() not in _PINNED
             and payload is not None
             and resume.generation(path, payload.json()) is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamaswap.config.model import Config
 
-__all__ = ["fifo_priorities", "limits", "model_slots"]
+__all__ = ["fifo_priorities", "limits", "model_slots", "preemptible"]
 
 
 def limits(config: Config) -> dict[str, int]:
@@ -33,3 +33,15 @@ def fifo_priorities(config: Config) -> dict[str, int]:
         if model_id is not None:
             priorities[model_id] = value
     return priorities
+
+
+def preemptible(config: Config, model_id: str) -> bool:
+    """Whether requests for ``model_id`` may be preempted at all: under ``serial`` with
+    ``preempt``, for a model whose ``preemptible`` is on (a request may still opt out, or
+    be a generation that cannot be resumed)."""
+    scheduler = config.routing.scheduler
+    return (
+        scheduler.use == "serial"
+        and scheduler.settings.serial.preempt
+        and config.models[model_id].preemptible
+    )

@@ -39,6 +39,7 @@ from llamaswap.resources import Resources
 from llamaswap.router import Router, RouterEvent
 from llamaswap.router.events import DecisionApplied
 from llamaswap.schedulers import Grant, StartSwap, Ticket
+from llamaswap.schedulers.settings import preemptible
 
 from .memory import DeviceMemory, MemoryFigures, budgets_label, needs
 from .workload import Job, ModelTimes
@@ -303,18 +304,15 @@ async def _simulate(
     outcomes: list[Outcome] = [Outcome(job) for job in jobs]
     start = trio.current_time()
 
-    serial = config.routing.scheduler.settings.serial
-    preempting = config.routing.scheduler.use == "serial" and serial.preempt
     recompute_seconds = 0.0
 
     async def client(job: Job) -> None:
         nonlocal recompute_seconds
-        model = config.models[job.model]
         server = servers.server(job.model)
         lease = router.lease(
             job.model,
             priority=0 if ignore_priority else job.priority,
-            preemptible=preempting and model.preemptible,
+            preemptible=preemptible(config, job.model),
         )
         queue = servers.queues[job.model]
         started: float | None = None
@@ -386,6 +384,7 @@ async def _simulate(
             recomputed_tokens=round(sum(o.recomputed_tokens for o in outcomes)),
             recompute_seconds=recompute_seconds,
         )
-        if preempting
+        if config.routing.scheduler.use == "serial"
+        and config.routing.scheduler.settings.serial.preempt
         else None,
     )
