@@ -24,7 +24,7 @@ from llamaswap.observability.logs import configure_console
 __all__ = ["check_config", "main", "missing_programs"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
-SUBCOMMANDS = ("check-config", "import-config", "simulate")
+SUBCOMMANDS = ("check-config", "gateway", "import-config", "simulate")
 #: Words a llama-swap user may try for import-config.
 MIGRATE_WORDS = frozenset({"migrate", "convert", "import"})
 IMPORT_CONFIG = "llamaswap import-config"
@@ -101,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Validate a config without serving: llamaswap check-config PATH. "
         "Translate a llama-swap config: llamaswap import-config FILE -o config.toml. "
         "Try a scheduler on a workload in simulated time: "
-        "llamaswap simulate --config PATH --workload W.toml (each takes --help).",
+        "llamaswap simulate --config PATH --workload W.toml. "
+        "Pick among llamaswap nodes for Envoy: llamaswap gateway --endpoints FILE "
+        "(each takes --help).",
     )
     parser.add_argument("--version", action="version", version=f"llamaswap {version()}")
     parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
@@ -139,6 +141,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         from llamaswap.simulate.command import main as simulate
 
         sys.exit(simulate(args[1:]))
+    if args[:1] == ["gateway"]:
+        try:
+            from llamaswap.gateway.command import main as gateway
+        except ImportError as exc:  # the gateway extra is not installed
+            print(f"llamaswap gateway needs pip install 'llamaswap[gateway]' ({exc})",
+                  file=sys.stderr)  # fmt: skip
+            sys.exit(2)
+        sys.exit(gateway(args[1:]))
     if args[:1] == ["import-config"]:
         from llamaswap.migrate.command import import_config
 
