@@ -130,10 +130,13 @@ def node(
     scraped_at: float = 0.0,
     failures: int = 0,
 ) -> Node:
-    names = lambda text: frozenset(filter(None, text.split(",")))  # noqa: E731
     figures = Figures(waiting, running, kv, names(resident), names(loading), capacity)
     endpoint = Endpoint(name, "10.0.0.1", 8080)
     return Node(endpoint, figures, names(models), scraped_at, failures)
+
+
+def names(listed: str) -> frozenset[str]:
+    return frozenset(filter(None, listed.split(",")))
 
 
 def choose(
