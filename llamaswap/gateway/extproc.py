@@ -49,7 +49,7 @@ from llamaswap.schedulers.priority import parse_priority
 
 from .board import Board
 
-__all__ = ["DESTINATION", "NAMESPACE", "decide", "serve_picker"]
+__all__ = ["DESTINATION", "NAMESPACE", "RequestInfo", "decide", "serve_picker"]
 
 log = logging.getLogger("llamaswap.gateway")
 
@@ -62,7 +62,7 @@ _SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 @attrs.define
-class _Exchange:
+class RequestInfo:
     """One HTTP request, from its headers to its answer's."""
 
     method: str = ""
@@ -72,7 +72,7 @@ class _Exchange:
     priority: int = 0
 
 
-def decide(board: Board, exchange: _Exchange, body: bytes) -> ep.ProcessingResponse | None:
+def decide(board: Board, exchange: RequestInfo, body: bytes) -> ep.ProcessingResponse:
     """Where the request goes, as the metadata and header for Envoy; an immediate answer
     (no node up, or ``GET /v1/models``) as an ``ImmediateResponse``."""
     if exchange.method in ("GET", "HEAD") and exchange.path in ("/v1/models", "/models"):
@@ -102,7 +102,7 @@ def decide(board: Board, exchange: _Exchange, body: bytes) -> ep.ProcessingRespo
     )
 
 
-def _model(exchange: _Exchange, body: bytes) -> str | None:
+def _model(exchange: RequestInfo, body: bytes) -> str | None:
     """The model the request names; None when it names none that can be read (the node
     picked answers such a request as it would alone)."""
     if exchange.path.startswith(UPSTREAM_PREFIX):
@@ -145,13 +145,13 @@ class _Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._board = board
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        exchange = _Exchange()
+        exchange = RequestInfo()
         async for request in requests:
             kind = request.WhichOneof("request")
             if kind == "request_headers":
                 headers = _headers(request.request_headers)
                 path, _, query = headers.get(":path", "/").partition("?")
-                exchange = _Exchange(
+                exchange = RequestInfo(
                     method=headers.get(":method", "GET"),
                     path=path,
                     query=query.encode("latin-1"),
