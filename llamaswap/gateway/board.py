@@ -121,11 +121,13 @@ class Board:
 
     def models(self) -> list[str]:
         """Every model a node that is up serves, sorted."""
-        up = [n for n in self.nodes() if n.figures and n.failures < self.policy.down_after]
+        up = [node for node in self.nodes() if self.policy.is_up(node)]
         return sorted(set().union(*(node.models or () for node in up)))
 
 
 class _Up(Collector):
+    """What the board holds of each node, read at each scrape of the gateway's metrics."""
+
     def __init__(self, board: Board) -> None:
         self._board = board
 
@@ -134,7 +136,19 @@ class _Up(Collector):
             "llamaswap_gateway_node_up",
             "1 while a node is picked from (scraped, and not down).", labels=["endpoint"],
         )  # fmt: skip
+        waiting = GaugeMetricFamily(
+            "llamaswap_gateway_node_waiting", "A node's queue as last scraped.",
+            labels=["endpoint"],
+        )  # fmt: skip
+        resident = GaugeMetricFamily(
+            "llamaswap_gateway_node_model_resident",
+            "1 for each model ready on a node, as last scraped.", labels=["endpoint", "model"],
+        )  # fmt: skip
         for node in self._board.nodes():
-            alive = node.figures is not None and node.failures < self._board.policy.down_after
-            up.add_metric([node.name], float(alive))
-        yield up
+            figures = node.figures
+            up.add_metric([node.name], float(self._board.policy.is_up(node)))
+            if figures is not None:
+                waiting.add_metric([node.name], figures.waiting)
+                for model in sorted(figures.resident):
+                    resident.add_metric([node.name, model], 1.0)
+        yield from (up, waiting, resident)

@@ -53,6 +53,10 @@ class Policy:
     #: The queue depth at which work below interactive spreads to an idle node.
     spread_depth: int = 4
 
+    def is_up(self, node: Node) -> bool:
+        """Whether ``node`` is picked from: it has answered, and is not down."""
+        return node.figures is not None and node.failures < self.down_after
+
 
 @attrs.frozen
 class Pick:
@@ -76,7 +80,7 @@ def pick(
         fresh = now - node.scraped_at <= policy.stale_after
         return _Rank(node, figures, reason, fresh, pending.get(node.name, 0))
 
-    up = [(node, node.figures) for node in nodes if node.failures < policy.down_after]
+    up = [(node, node.figures) for node in nodes if policy.is_up(node)]
     live = [(node, figures) for node, figures in up if figures is not None]
     ranks = [
         rank(node, figures, _tier(figures, model))

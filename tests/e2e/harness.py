@@ -241,3 +241,84 @@ async def open_raw_request(url: str, path: str, body: bytes) -> trio.SocketStrea
     )
     await stream.send_all(head.encode() + body)
     return stream
+
+
+GATEWAY_METRICS = re.compile(r"llamaswap gateway: metrics on (?P<url>http://\S+)")
+GATEWAY_PICKER = re.compile(r"llamaswap gateway: picker \(ext_proc\) on (?P<address>\S+)")
+GATEWAY_ENVOY = re.compile(r"llamaswap gateway: envoy listening on (?P<url>http://\S+)")
+
+
+@final
+class GatewayProcess:
+    """A running ``llamaswap gateway``; ``url`` is its Envoy's, when it runs one."""
+
+    def __init__(self, process: trio.Process, output: Output, marker: str) -> None:
+        self.process = process
+        self.output = output
+        self.marker = marker
+        self.metrics_url = ""
+        self.picker = ""
+        self.url = ""
+
+    async def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Its ``/metrics``, each sample by name and sorted labels."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            text = (await client.get(self.metrics_url)).text
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    async def wait_for(self, name: str, within: float = 10.0, **labels: str) -> float:
+        """The value of sample ``name`` with ``labels``, once it is there and not 0
+        (polled: the gateway scrapes on its own clock)."""
+        key = (name, tuple(sorted(labels.items())))
+        with trio.fail_after(within):
+            while not (value := (await self.samples()).get(key)):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        return value
+
+
+async def start_gateway(
+    nursery: trio.Nursery, args: Sequence[str], *, envoy: bool = True
+) -> GatewayProcess:
+    """Start ``python -m llamaswap gateway ARGS`` (with ``--envoy`` when ``envoy``) and
+    wait for its addresses; ``stop_gateway`` cleans up."""
+    marker = uuid.uuid4().hex
+    argv = [sys.executable, "-m", "llamaswap", "gateway", "--metrics", "127.0.0.1:0", *args]
+    if envoy:
+        argv += ["--envoy", "--listen", "127.0.0.1:0"]
+    process = await trio.lowlevel.open_process(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(marker), cwd=REPO
+    )
+    output = Output()
+    assert process.stdout is not None
+    nursery.start_soon(output.collect, process.stdout)
+    gateway = GatewayProcess(process, output, marker)
+    try:
+        with trio.fail_after(30):
+            gateway.metrics_url = (await output.wait_for(GATEWAY_METRICS.pattern))["url"]
+            gateway.picker = (await output.wait_for(GATEWAY_PICKER.pattern))["address"]
+            if envoy:
+                gateway.url = (await output.wait_for(GATEWAY_ENVOY.pattern))["url"]
+    except BaseException:
+        await stop_gateway(gateway)
+        raise
+    return gateway
+
+
+async def stop_gateway(gateway: GatewayProcess) -> None:
+    """SIGTERM (SIGKILL if it hangs), reap, and check that its Envoy is gone too."""
+    with trio.CancelScope(shield=True):
+        process = gateway.process
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(10):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await wait_until(lambda: not survivors(gateway.marker), within=5)
