@@ -47,6 +47,7 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "CrossSiteRequest",
+    "GatewayError",
     "HostNotAllowed",
     "InternalError",
     "LifelineError",
@@ -128,6 +129,11 @@ class ListenError(LlamaSwapError):
         if error.errno == errno.EADDRINUSE:
             hint = f"another program (or another llamaswap) uses it; {hint}"
         super().__init__(f"cannot listen on {listen}: {reason}; {hint}")
+
+
+class GatewayError(LlamaSwapError):
+    """``llamaswap gateway`` cannot start: an address it cannot serve on, or an Envoy that
+    exits before it is ready."""
 
 
 def only_cause(exc: BaseException) -> BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ import trio
 from prometheus_client import start_http_server
 
 from llamaswap._serve import listen_address
-from llamaswap.errors import ConfigError, LlamaSwapError
+from llamaswap.errors import ConfigError, GatewayError, LlamaSwapError, only_cause
 from llamaswap.observability.logs import configure_console
 
 from .board import Board, GatewayMetrics
@@ -110,18 +111,35 @@ def main(argv: Sequence[str]) -> int:
     policy = Policy(stale_after=5 * options.scrape_interval, spread_depth=options.spread_depth)
     board = Board(policy, GatewayMetrics())
     board.set_endpoints(endpoints)
-    metrics_server, _ = start_http_server(
-        metrics_address[1], metrics_address[0], registry=board.metrics.registry
-    )
+    try:
+        metrics_server, _ = start_http_server(
+            metrics_address[1], metrics_address[0], registry=board.metrics.registry
+        )
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        print(f"{NAME}: cannot serve /metrics on {options.metrics}: {reason}; "
+              "choose another address with --metrics HOST:PORT", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         print(f"{NAME}: metrics on http://{_url_host(metrics_address[0])}:"
               f"{metrics_server.server_port}/metrics", flush=True)  # fmt: skip
         trio.run(_run, options, board, endpoints, grpc_address, envoy_address)
-    except KeyboardInterrupt:
-        pass
+    except BaseException as exc:
+        error = only_cause(exc)
+        if not isinstance(error, GatewayError):
+            raise
+        print(f"{NAME}: {error}", file=sys.stderr)
+        return 2
     finally:
         metrics_server.shutdown()
     return 0
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for number in signals:
+            log.info("%s: stopping", signal.Signals(number).name)
+            scope.cancel()
 
 
 def _url_host(host: str) -> str:
@@ -135,7 +153,9 @@ async def _run(
     grpc_address: tuple[str, int],
     envoy_address: tuple[str, int],
 ) -> None:
+    """Everything, until SIGINT or SIGTERM cancels it (Envoy then stops too)."""
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
         nursery.start_soon(
             follow_endpoints, options.endpoints, endpoints, board, options.scrape_interval
         )

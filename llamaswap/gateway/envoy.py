@@ -21,6 +21,7 @@ stopped when the gateway stops, started again when it exits on its own.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import attrs
 import httpx
 import trio
 
+from llamaswap.errors import GatewayError, output_tail
 from llamaswap.process.lifeline import open_lifeline
 from llamaswap.process.spawn import SubprocessSpawner
 
@@ -172,16 +174,22 @@ async def run_envoy(
         async with open_lifeline() as lifeline:
             spawner = SubprocessSpawner(lifeline)
             wait = _FIRST_WAIT
+            first = True
             while True:
                 started = trio.current_time()
+                envoy = _Run(spawner, trio.Path(scratch), listen, picker)
                 async with trio.open_nursery() as nursery:
-                    envoy = _Run(spawner, trio.Path(scratch), listen, picker)
                     nursery.start_soon(envoy.run, nursery.cancel_scope)
                     url = await envoy.ready()
                     listen = (listen[0], int(url.rsplit(":", 1)[1]))
                     log.info("envoy ready on %s", url)
                     task_status.started(url)
-                    task_status = trio.TASK_STATUS_IGNORED
+                    first = False
+                if first:  # it never was ready: a config or an address it cannot use
+                    raise GatewayError(
+                        f"envoy exited before it was ready (status {envoy.code}): "
+                        f"{output_tail(envoy.lines)}"
+                    )
                 # An Envoy that ran a while is started again at once; one that keeps
                 # exiting, less and less often.
                 wait = _FIRST_WAIT if trio.current_time() - started > 30 else wait
@@ -197,6 +205,9 @@ class _Run:
     scratch: trio.Path
     listen: tuple[str, int]
     picker: tuple[str, int]
+    #: Its exit status, once it has exited; its last lines of output.
+    code: int | None = None
+    lines: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=4))
 
     async def run(self, scope: trio.CancelScope) -> None:
         """Run it until it exits, then cancel ``scope``."""
@@ -208,9 +219,13 @@ class _Run:
             str(envoy_binary()), "-c", str(config_file), "--disable-hot-restart",
             "--admin-address-path", str(self._admin_file), "--log-level", "warning",
         ]  # fmt: skip
-        code = await self.spawner.run(argv, dict(os.environ), _log_line)
-        log.warning("envoy exited with status %s", code)
+        self.code = await self.spawner.run(argv, dict(os.environ), self._line)
+        log.warning("envoy exited with status %s", self.code)
         scope.cancel()
+
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        log.info("envoy: %s", line)
 
     @property
     def _admin_file(self) -> trio.Path:
@@ -233,7 +248,3 @@ class _Run:
                 except httpx.HTTPError:
                     pass
                 await trio.sleep(0.05)
-
-
-def _log_line(line: str) -> None:
-    log.info("envoy: %s", line)

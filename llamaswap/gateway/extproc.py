@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from llamaswap.errors import BadRequest
+from llamaswap.errors import BadRequest, GatewayError
 from llamaswap.proxy.extract import ModelIn, Payload, read_model
 from llamaswap.proxy.routes import INFERENCE, UPSTREAM_PREFIX
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
@@ -72,9 +73,12 @@ class RequestInfo:
     priority: int = 0
 
 
-def decide(board: Board, exchange: RequestInfo, body: bytes) -> ep.ProcessingResponse:
-    """Where the request goes, as the metadata and header for Envoy; an immediate answer
-    (no node up, or ``GET /v1/models``) as an ``ImmediateResponse``."""
+def decide(
+    board: Board, exchange: RequestInfo, body: bytes, *, at_headers: bool
+) -> ep.ProcessingResponse:
+    """Where the request goes, as the metadata and header for Envoy, in answer to its
+    headers (a request without a body) or to its body; an immediate answer (no node up,
+    or ``GET /v1/models``) as an ``ImmediateResponse``."""
     if exchange.method in ("GET", "HEAD") and exchange.path in ("/v1/models", "/models"):
         listing = [{"id": m, "object": "model", "owned_by": "llamaswap"} for m in board.models()]
         document = json.dumps({"object": "list", "data": listing}).encode()
@@ -93,12 +97,12 @@ def decide(board: Board, exchange: RequestInfo, body: bytes) -> ep.ProcessingRes
         append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
     )
     common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=[option]))
-    if body or exchange.method not in ("GET", "HEAD"):
+    if at_headers:
         return ep.ProcessingResponse(
-            request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
+            request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
         )
     return ep.ProcessingResponse(
-        request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
+        request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
     )
 
 
@@ -161,11 +165,11 @@ class _Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     ),
                 )
                 if request.request_headers.end_of_stream:
-                    yield decide(self._board, exchange, b"")
+                    yield decide(self._board, exchange, b"", at_headers=True)
                 else:
                     yield ep.ProcessingResponse(request_headers=ep.HeadersResponse())
             elif kind == "request_body":
-                yield decide(self._board, exchange, request.request_body.body)
+                yield decide(self._board, exchange, request.request_body.body, at_headers=False)
             elif kind == "response_headers":
                 self._served(request)
                 yield ep.ProcessingResponse(response_headers=ep.HeadersResponse())
@@ -232,7 +236,9 @@ class _Runner:
 
     def stop(self) -> None:
         loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
+        if loop is None or stop is None or self.stopped.is_set():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed just now: stopped anyway
             loop.call_soon_threadsafe(stop.set)
 
     async def _serve(self) -> None:
@@ -241,7 +247,10 @@ class _Runner:
         ep_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.board), server)
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        port = server.add_insecure_port(self.address)
+        try:
+            port = server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # gRPC's "Failed to bind": in use, no such address
+            raise GatewayError(f"cannot serve gRPC on {self.address}: {exc}") from None
         await server.start()
         for service in ("", "liveness", "readiness", _SERVICE):
             await health.set(service, health_pb2.HealthCheckResponse.SERVING)

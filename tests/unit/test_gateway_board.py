@@ -97,7 +97,8 @@ def test_the_answer_to_envoy_names_the_node_in_metadata_and_the_header(board: Bo
     board.scraped(TWO, figures(resident="a"), frozenset({"a"}))
     exchange = RequestInfo(method="POST", path="/v1/chat/completions",
                          content_type="application/json")  # fmt: skip
-    answer = decide(board, exchange, json.dumps({"model": "a", "messages": []}).encode())
+    body = json.dumps({"model": "a", "messages": []}).encode()
+    answer = decide(board, exchange, body, at_headers=False)
     assert answer.WhichOneof("response") == "request_body"
     assert answer.dynamic_metadata[NAMESPACE][DESTINATION] == "10.0.0.2:8080"
     (option,) = answer.request_body.response.header_mutation.set_headers
@@ -119,7 +120,8 @@ def test_the_model_is_read_where_llamaswap_reads_it(
 ) -> None:
     board.scraped(ONE, figures(), frozenset({"b"}))
     board.scraped(TWO, figures(resident="a", waiting=1), frozenset({"a"}))
-    answer = decide(board, RequestInfo(method, path, query, "application/json"), body)
+    info = RequestInfo(method, path, query, "application/json")
+    answer = decide(board, info, body, at_headers=not body)
     phase = "request_body" if body else "request_headers"
     assert answer.WhichOneof("response") == phase
     expected = {"one": "10.0.0.1:8080", "two": "10.0.0.2:8080"}[node]
@@ -128,11 +130,12 @@ def test_the_model_is_read_where_llamaswap_reads_it(
 
 def test_no_node_up_is_a_503_and_the_model_list_is_the_union(board: Board) -> None:
     post = RequestInfo("POST", "/v1/completions", b"", "application/json")
-    answer = decide(board, post, b'{"model": "a"}')
+    answer = decide(board, post, b'{"model": "a"}', at_headers=False)
     assert answer.immediate_response.status.code == 503
     assert b"no llamaswap node is up to serve model 'a'" in answer.immediate_response.body
     board.scraped(ONE, figures(), frozenset({"b", "c"}))
     board.scraped(TWO, figures(), frozenset({"a", "b"}))
-    listing = decide(board, RequestInfo("GET", "/v1/models"), b"").immediate_response
+    models = RequestInfo("GET", "/v1/models")
+    listing = decide(board, models, b"", at_headers=True).immediate_response
     assert listing.status.code == 200
     assert [m["id"] for m in json.loads(listing.body)["data"]] == ["a", "b", "c"]
