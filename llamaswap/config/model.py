@@ -15,6 +15,7 @@ docs/configuration.md lists the same ranges next to each key.
 from __future__ import annotations
 
 import enum
+import socket
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ __all__ = [
     "DeviceConfig",
     "FifoSettings",
     "FilterConfig",
+    "GatewayConfig",
     "GroupConfig",
     "Hooks",
     "LogLevel",
@@ -344,6 +346,20 @@ class DeviceConfig:
     headroom: int | None = None
 
 
+@attrs.frozen
+class GatewayConfig:
+    """``[gateway]``: this llamaswap as one node of several behind ``llamaswap gateway`` or
+    a Gateway API Inference Extension picker (docs/scale-out.md).
+
+    ``node``: list only this node's own models in ``/v1/models`` (not peers'), and name
+    the node in every answer (``X-LlamaSwap-Node``). ``name``: that name; the host name
+    when not set.
+    """
+
+    node: bool = False
+    name: str = attrs.field(factory=socket.gethostname)
+
+
 #: ``memoryHeadroom``: what CUDA's context and fragmentation take beside the figures.
 DEFAULT_MEMORY_HEADROOM = 512 * 2**20
 #: ``slotSaveLimit``: the bytes of slot files llamaswap keeps, across every model.
@@ -393,6 +409,7 @@ class Config:
     #: Bytes of saved slot files kept across every model's ``slotSavePath``; the oldest
     #: go first.
     slot_save_limit: int = DEFAULT_SLOT_SAVE_LIMIT
+    gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

@@ -62,6 +62,7 @@ def validate(
     _check_store(config, problems)
     _check_slot_save_paths(config, problems)
     _check_devices(config, problems)
+    _check_node_name(config, problems)
     return _cap_bonus(config, problems), problems
 
 
@@ -343,6 +344,17 @@ def _check_slot_save_paths(config: Config, problems: list[Problem]) -> None:
             problems.append(Problem(where, "expected the directory of the slot files, got ''"))
         elif "\0" in path:
             problems.append(Problem(where, "a directory path cannot contain a NUL character"))
+
+
+#: A node's name goes into a header of every answer: letters, digits, ``.``, ``-``, ``_``.
+NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _check_node_name(config: Config, problems: list[Problem]) -> None:
+    name = config.gateway.name
+    if "${" not in name and not NODE_NAME.fullmatch(name):
+        message = f"expected 1 to 64 letters, digits, '.', '-' or '_', got {name!r}"
+        problems.append(Problem(("gateway", "name"), message))
 
 
 #: Device names a probe can find: ``gpuN`` (NVML's index N) and ``cpu`` (the machine's RAM).

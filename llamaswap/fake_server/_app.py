@@ -64,6 +64,9 @@ class Options:
     ignore_prefill: bool = False
     #: ``--slot-save-path``: where slots are saved and restored from; None: refused.
     slot_save_path: str | None = None
+    #: ``--kv-cache-usage``: the KV figure ``GET /metrics`` exports (as llama-server's
+    #: ``--metrics``); None: no ``/metrics`` route.
+    kv_cache_usage: float | None = None
 
 
 def say(line: str) -> None:
@@ -117,6 +120,8 @@ class FakeServer:
             ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/slots"): self._list_slots,
         }
+        if options.kv_cache_usage is not None:
+            self._routes["GET", "/metrics"] = self._metrics
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -213,6 +218,17 @@ class FakeServer:
             "build_info": "llamaswap.fake_server",
         }
         await self._json(send, 200, props)
+
+    async def _metrics(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        body = (
+            "# TYPE llamacpp:kv_cache_usage_ratio gauge\n"
+            f"llamacpp:kv_cache_usage_ratio {self.options.kv_cache_usage}\n"
+        ).encode()
+        headers = self._headers(b"text/plain; version=0.0.4")
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers,
+                    "trailers": False})  # fmt: skip
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _list_slots(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         await self._json(send, 200, self._caches.describe())

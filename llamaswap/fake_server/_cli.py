@@ -147,6 +147,17 @@ def _number(kind: type[int] | type[float], minimum: int = 0) -> Callable[[str], 
     return convert
 
 
+def _fraction(text: str) -> float:
+    """``--kv-cache-usage``'s argparse ``type``: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
+    return value
+
+
 def _memory(text: str) -> dict[str, int]:
     """``--memory``'s argparse ``type``."""
     try:
@@ -199,6 +210,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     add("--slot-save-path", metavar="DIR",
         help="the directory POST /slots/{id}?action=save|restore writes and reads slot files "
         "in, as llama-server's; without it those answer 501")
+    add("--kv-cache-usage", type=_fraction, metavar="F",
+        help="serve GET /metrics with llamacpp:kv_cache_usage_ratio F (0-1), as llama-server "
+        "--metrics does; without it there is no /metrics")
     add("--cuda", action="store_true",
         help="allocate --memory for real on the GPUs (gpuN is cuda:N) with PyTorch, held "
         "until exit; PyTorch's out-of-memory error is printed and the server exits 1")

@@ -178,20 +178,22 @@ async def run_envoy(
             while True:
                 started = trio.current_time()
                 envoy = _Run(spawner, trio.Path(scratch), listen, picker)
+                await envoy.prepare()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(envoy.run, nursery.cancel_scope)
                     url = await envoy.ready()
                     listen = (listen[0], int(url.rsplit(":", 1)[1]))
                     log.info("envoy ready on %s", url)
-                    task_status.started(url)
+                    if first:
+                        task_status.started(url)
                     first = False
                 if first:  # it never was ready: a config or an address it cannot use
                     raise GatewayError(
                         f"envoy exited before it was ready (status {envoy.code}): "
                         f"{output_tail(envoy.lines)}"
                     )
-                # An Envoy that ran a while is started again at once; one that keeps
-                # exiting, less and less often.
+                # An Envoy that ran a while is started again half a second later; one
+                # that keeps exiting, less and less often.
                 wait = _FIRST_WAIT if trio.current_time() - started > 30 else wait
                 await trio.sleep(wait)
                 wait = min(wait * 2, _MAX_WAIT)
@@ -209,14 +211,16 @@ class _Run:
     code: int | None = None
     lines: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=4))
 
-    async def run(self, scope: trio.CancelScope) -> None:
-        """Run it until it exits, then cancel ``scope``."""
+    async def prepare(self) -> None:
+        """Its config written, the last run's admin address gone."""
         await self._admin_file.unlink(missing_ok=True)
         config = envoy_config(listen=self.listen, picker=self.picker, admin=("127.0.0.1", 0))
-        config_file = self.scratch / "envoy.json"
-        await config_file.write_text(json.dumps(config))
+        await self._config_file.write_text(json.dumps(config))
+
+    async def run(self, scope: trio.CancelScope) -> None:
+        """Run it until it exits, then cancel ``scope``."""
         argv = [
-            str(envoy_binary()), "-c", str(config_file), "--disable-hot-restart",
+            str(envoy_binary()), "-c", str(self._config_file), "--disable-hot-restart",
             "--admin-address-path", str(self._admin_file), "--log-level", "warning",
         ]  # fmt: skip
         self.code = await self.spawner.run(argv, dict(os.environ), self._line)
@@ -231,14 +235,19 @@ class _Run:
     def _admin_file(self) -> trio.Path:
         return self.scratch / "admin-address"
 
+    @property
+    def _config_file(self) -> trio.Path:
+        return self.scratch / "envoy.json"
+
     async def ready(self) -> str:
         """The URL it serves clients on, once its admin says it is live (polled: Envoy
         offers no other signal)."""
         async with httpx.AsyncClient(timeout=1.0) as client:
             while True:
-                admin = ""
-                if await self._admin_file.exists():
+                try:  # Envoy writes it once its admin listens
                     admin = (await self._admin_file.read_text()).strip()
+                except FileNotFoundError:
+                    admin = ""
                 try:
                     if admin and (await client.get(f"http://{admin}/ready")).status_code == 200:
                         listeners = await client.get(f"http://{admin}/listeners?format=json")

@@ -52,6 +52,7 @@ from llamaswap.observability import (
     Metrics,
 )
 from llamaswap.observability.estimates import Estimator
+from llamaswap.observability.model_server import KvCache, exposition, node_figures
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.events import ModelForgotten, ModelStateChanged
@@ -80,9 +81,12 @@ class Application:
         forwarder: Forwarder,
         reloader: Reloader | None,
         router: Router,
+        kv_cache: KvCache,
         listen_host: str | None = None,
     ) -> None:
         self.router = router
+        #: The ready models' own KV figures for /gateway/metrics: ``serve()`` runs it.
+        self.kv_cache = kv_cache
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
@@ -114,6 +118,8 @@ class Application:
             await self.quart(scope, receive, send)  # lifespan
             return
         config = self.router.config
+        if config.gateway.node:
+            send = _naming_node(config.gateway.name.encode(), send)
         route = routes.route(scope)
         inference = site.is_inference(scope["path"], proxied=route is not None)
         refused = site.refusal(scope, config, self.listen_host, inference=inference)
@@ -172,6 +178,23 @@ class Application:
                 await self.quart(scope, edge.receive, edge.send)
         if stalled and not answered:  # the rest of the body may still come: close
             await send_error(send, RequestTimeout(REQUEST_BODY_TIMEOUT), close=True)
+
+
+NODE_HEADER = b"x-llamaswap-node"
+
+
+def _naming_node(name: bytes, send: ASGISendCallable) -> ASGISendCallable:
+    """``send``, adding ``X-LlamaSwap-Node: name`` to the answer (node mode: which node of
+    several behind a gateway answered; a model server's own field of that name is
+    replaced)."""
+
+    async def send_naming(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message["headers"] if k.lower() != NODE_HEADER]
+            message = {**message, "headers": [*headers, (NODE_HEADER, name)]}
+        await send(message)
+
+    return send_naming
 
 
 _END_OF_BODY: HTTPResponseBodyEvent = {
@@ -285,6 +308,7 @@ def create_app(
     """
     metrics = Metrics(router)
     router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
+    kv_cache = KvCache(router, pool)
     if hub is None:
         hub = EventHub()  # idle: its coalesced events are never sent
     reloader = None
@@ -392,7 +416,9 @@ def create_app(
             target = Local(model_id)
             for name in [model_id, *(model.aliases if config.include_aliases_in_list else ())]:
                 data.append(model_entry(name, target, now=now, wall_now=wall_now))
-        for name in router.names.peer_models():
+        # A node behind a gateway lists its own models: the gateway learns what each
+        # node serves from here (docs/scale-out.md).
+        for name in () if config.gateway.node else router.names.peer_models():
             peer_id, peer_model = name.split("/", 1)
             peer = Peer(peer_id, peer_model, config.peers[peer_id])
             data.append(model_entry(name, peer, now=now, wall_now=wall_now))
@@ -483,6 +509,11 @@ def create_app(
     async def metrics_text() -> Response:
         return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
 
+    @quart.get("/gateway/metrics")
+    async def gateway_metrics() -> Response:
+        figures = node_figures(router, kv_cache.figures)
+        return Response(exposition(figures, time.time()), content_type=METRICS_CONTENT_TYPE)
+
     @quart.get("/api/activity")
     async def activity_log() -> Response:
         query = ActivityQuery.from_args(request.args.to_dict(flat=False))
@@ -497,4 +528,4 @@ def create_app(
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder, estimator=estimator)
-    return Application(quart, forwarder, reloader, router, listen_host)
+    return Application(quart, forwarder, reloader, router, kv_cache, listen_host)

@@ -66,6 +66,7 @@ from llamaswap.schedulers import (
     SchedulerCounts,
     StartSwap,
     Swap,
+    Swapper,
     Ticket,
     make_scheduler,
     needs_slot,
@@ -133,7 +134,7 @@ class Router:
         self._slots: Slots = slots if slots is not None else NoSlots()
         self.resources = resources if resources is not None else Resources(config)
         #: The fit rule's view: figures, budgets, and each model's waiting requests.
-        self._placement = self.resources.placement(self._waiting)
+        self._placement = self.resources.placement(self.waiting)
         self.names = Names(config)
         self._spawner = spawner
         self._probe = probe
@@ -152,8 +153,10 @@ class Router:
         #: ``run``'s context, which every supervisor's task is started in (``_start``).
         self._context = contextvars.copy_context()
         #: The one scheduler: a reload that switches hands it everything (``Handover``).
-        swapper = make_swapper(config, self._placement)
-        self.scheduler: Scheduler = make_scheduler(config, self, swapper)
+        #: The eviction policy the scheduler applies (how many models fit together: the
+        #: ``max_lora`` of ``/gateway/metrics``).
+        self.swapper: Swapper = make_swapper(config, self._placement)
+        self.scheduler: Scheduler = make_scheduler(config, self, self.swapper)
         #: The final counts of every scheduler a reload switched out (metrics add the
         #: current one's, so the counters never go back).
         self.retired_counts = SchedulerCounts()
@@ -230,7 +233,7 @@ class Router:
                 return ticket.model
         return None
 
-    def _waiting(self, model: str) -> int:
+    def waiting(self, model: str) -> int:
         """The requests for ``model`` admitted and not yet served."""
         return self.scheduler.admitted(model) - self._leases.in_flight(model)
 
@@ -552,7 +555,7 @@ class Router:
         for model_id in changes.removed:
             self._supervisors[model_id].retire(REMOVED, restart=False)
             self._forget_if_unneeded(model_id)  # stopped already, nothing in flight
-        swapper = make_swapper(config, self._placement)
+        self.swapper = swapper = make_swapper(config, self._placement)
         if config.routing.scheduler.use == self.scheduler.name:
             self._decide("reload", partial(self.scheduler.on_reconfigure, config, swapper))
         else:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llamaswap.config.model import Config
+from llamaswap.config.model import DEFAULT_CONCURRENCY_LIMIT, Config
 
-__all__ = ["fifo_priorities", "limits", "model_slots", "preemptible"]
+__all__ = ["concurrency", "fifo_priorities", "limits", "model_slots", "preemptible"]
 
 
 def limits(config: Config) -> dict[str, int]:
@@ -23,6 +23,18 @@ def model_slots(config: Config) -> dict[str, int]:
         for model_id, model in config.models.items()
         if model.slots is not None
     }
+
+
+def concurrency(config: Config, model_id: str) -> int:
+    """How many requests for ``model_id`` may be served at once: its ``slots`` under
+    ``serial``, its ``concurrencyLimit`` under ``fifo`` (each with its default)."""
+    model = config.models.get(model_id)
+    if config.routing.scheduler.use == "serial":
+        serial = config.routing.scheduler.settings.serial
+        return serial.slots if model is None or model.slots is None else model.slots
+    if model is None or model.concurrency_limit is None:
+        return DEFAULT_CONCURRENCY_LIMIT
+    return model.concurrency_limit
 
 
 def fifo_priorities(config: Config) -> dict[str, int]:
