@@ -250,7 +250,7 @@ async def serve(
         await nursery.start(hub.run)
         await nursery.start(partial(resources.run, router.pids))
         await nursery.start(router.run)
-        nursery.start_soon(app.kv_cache.run)
+        nursery.start_soon(app.model_server.run)
         stop_accepting = trio.Event()
         server_config = _hypercorn_config(listen, lambda: router.config)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:

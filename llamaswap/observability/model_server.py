@@ -18,7 +18,7 @@ affinity is then model locality.
 
 **Each is exactly one series, computed from the router at scrape time** (nothing is kept
 that could drift). Only the servers' own KV figures are read beforehand: in node mode,
-``KvCache.run`` asks each ready model's ``/metrics`` once a second, since a scrape every
+``ModelServerMetrics.run`` asks each ready model's ``/metrics`` once a second, since a scrape every
 50 ms cannot wait on a model server.
 """
 
@@ -36,10 +36,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from llamaswap.config import Config
 from llamaswap.http.client import UpstreamFailed, UpstreamPool
 from llamaswap.process import ModelState, ModelStatistics
-from llamaswap.schedulers import Scheduler, Swapper
+from llamaswap.schedulers import SchedulerStatistics, Swapper
 from llamaswap.schedulers.settings import concurrency
 
-__all__ = ["KvCache", "NodeFigures", "exposition", "node_figures", "resident_capacity"]
+__all__ = [
+    "ModelServerMetrics",
+    "NodeFigures",
+    "exposition",
+    "kv_figure",
+    "node_figures",
+    "resident_capacity",
+]
 
 logger = logging.getLogger("llamaswap.observability")
 
@@ -55,6 +62,10 @@ KV_EVERY = 1.0
 KV_TIMEOUT = 0.5
 
 
+class _Queue(Protocol):
+    def statistics(self) -> SchedulerStatistics: ...
+
+
 class Source(Protocol):
     """What the series are read from (the router)."""
 
@@ -62,7 +73,7 @@ class Source(Protocol):
     def config(self) -> Config: ...
 
     @property
-    def scheduler(self) -> Scheduler: ...
+    def scheduler(self) -> _Queue: ...
 
     @property
     def swapper(self) -> Swapper: ...
@@ -84,8 +95,9 @@ class NodeFigures:
     capacity: int
 
 
-def node_figures(source: Source, kv: Mapping[str, float]) -> NodeFigures:
-    """The node's figures now; ``kv``: the ready models' own KV figures, where known."""
+def node_figures(source: Source, kv: Mapping[str, float], capacity: int) -> NodeFigures:
+    """The node's figures now; ``kv``: the ready models' own KV figures, where known;
+    ``capacity``: ``max_lora``."""
     resident, loading = [], []
     running, usage = 0, 0.0
     for model in source.known_models():
@@ -103,13 +115,15 @@ def node_figures(source: Source, kv: Mapping[str, float]) -> NodeFigures:
         kv_usage=min(1.0, usage),
         resident=sorted(resident),
         loading=sorted(loading),
-        capacity=resident_capacity(source.swapper, list(source.config.models)),
+        capacity=capacity,
     )
 
 
 def resident_capacity(swapper: Swapper, models: Sequence[str]) -> int:
-    """How many of ``models`` can run at once: each, in order, joins the set when the
-    swapper would stop none of the set for it (at least 1)."""
+    """How many of ``models`` run at once, as ``max_lora`` says it: each, in config
+    order, joins the set when the swapper would stop none of the set for it (at least 1).
+    Taken in another order, a matrix may fit more together; config order is the one a
+    reader of the config can check."""
     together: set[str] = set()
     for model in models:
         if not swapper.eviction_for(model, together):
@@ -149,8 +163,10 @@ def _escape(value: str) -> str:
 
 
 @attrs.define(eq=False)
-class KvCache:
-    """The ready models' own KV-cache figures, read from their servers' ``/metrics``.
+class ModelServerMetrics:
+    """``/gateway/metrics`` of one llamaswap: the series, what they need kept between
+    scrapes (``max_lora``, found again when a reload changes the swapper), and the ready
+    models' own KV-cache figures, read from their servers' ``/metrics`` by ``run``.
 
     A model whose server has none of ``KV_NAMES`` (or no ``/metrics``) is not asked again
     until its next start; then its busy slots stand for it.
@@ -158,9 +174,18 @@ class KvCache:
 
     source: Source
     pool: UpstreamPool
-    figures: dict[str, float] = attrs.field(factory=dict)
+    kv: dict[str, float] = attrs.field(factory=dict)
     #: The servers found without a figure: each model's PID then.
     _without: dict[str, int | None] = attrs.field(factory=dict)
+    _capacity: tuple[Swapper, int] | None = None
+
+    def exposition(self, wall_now: float) -> bytes:
+        """The series now (``wall_now``: Unix time)."""
+        swapper = self.source.swapper
+        if self._capacity is None or self._capacity[0] is not swapper:
+            models = list(self.source.config.models)
+            self._capacity = (swapper, resident_capacity(swapper, models))
+        return exposition(node_figures(self.source, self.kv, self._capacity[1]), wall_now)
 
     async def run(self) -> None:
         """Read the figures every ``KV_EVERY`` seconds until cancelled, in node mode only
@@ -172,14 +197,14 @@ class KvCache:
                 stats = self.source.statistics(model)
                 if stats.state is ModelState.READY and self._without.get(model, -1) != stats.pid:
                     ready[model] = stats
-            self.figures = {m: f for m, f in self.figures.items() if m in ready}
+            self.kv = {m: f for m, f in self.kv.items() if m in ready}
             for model, stats in ready.items():
                 figure = await self._read(model)
                 if figure is None:
-                    self.figures.pop(model, None)
+                    self.kv.pop(model, None)
                     self._without[model] = stats.pid
                 else:
-                    self.figures[model] = figure
+                    self.kv[model] = figure
             await trio.sleep_until(started + KV_EVERY)
 
     async def _read(self, model: str) -> float | None:

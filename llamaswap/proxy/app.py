@@ -52,7 +52,7 @@ from llamaswap.observability import (
     Metrics,
 )
 from llamaswap.observability.estimates import Estimator
-from llamaswap.observability.model_server import KvCache, exposition, node_figures
+from llamaswap.observability.model_server import ModelServerMetrics
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.events import ModelForgotten, ModelStateChanged
@@ -81,12 +81,12 @@ class Application:
         forwarder: Forwarder,
         reloader: Reloader | None,
         router: Router,
-        kv_cache: KvCache,
+        model_server: ModelServerMetrics,
         listen_host: str | None = None,
     ) -> None:
         self.router = router
-        #: The ready models' own KV figures for /gateway/metrics: ``serve()`` runs it.
-        self.kv_cache = kv_cache
+        #: ``/gateway/metrics``; ``serve()`` runs its reader of the models' KV figures.
+        self.model_server = model_server
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
@@ -308,7 +308,7 @@ def create_app(
     """
     metrics = Metrics(router)
     router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
-    kv_cache = KvCache(router, pool)
+    model_server = ModelServerMetrics(router, pool)
     if hub is None:
         hub = EventHub()  # idle: its coalesced events are never sent
     reloader = None
@@ -511,8 +511,8 @@ def create_app(
 
     @quart.get("/gateway/metrics")
     async def gateway_metrics() -> Response:
-        figures = node_figures(router, kv_cache.figures)
-        return Response(exposition(figures, time.time()), content_type=METRICS_CONTENT_TYPE)
+        text = model_server.exposition(time.time())
+        return Response(text, content_type=METRICS_CONTENT_TYPE)
 
     @quart.get("/api/activity")
     async def activity_log() -> Response:
@@ -528,4 +528,4 @@ def create_app(
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder, estimator=estimator)
-    return Application(quart, forwarder, reloader, router, kv_cache, listen_host)
+    return Application(quart, forwarder, reloader, router, model_server, listen_host)
