@@ -84,6 +84,31 @@ async def measure(urls: dict[str, str], rounds: int) -> dict[str, list[float]]:
     return samples
 
 
+async def scrape_cost(tmp: Path, count: int, rounds: int = 400) -> tuple[float, float]:
+    """p50 of ``GET /gateway/metrics`` and of ``GET /health`` (ms) on a node with ``count``
+    models configured, one of them loaded: what a scrape costs beyond any request."""
+    models = "\n".join(f'[models.m{i}]\ncmd = "${{fake}}"' for i in range(count))
+    async with trio.open_nursery() as nursery:
+        node = await start_proxy(
+            nursery, config("[gateway]\nnode = true\n" + models), tmp, log_level="info"
+        )
+        try:
+            client = await Client.open(node.url)
+            assert await client.post("/api/models/load/m0", b"") == 200
+            samples: dict[str, list[float]] = {"/gateway/metrics": [], "/health": []}
+            for i in range(rounds):
+                for path in sorted(samples, reverse=bool(i % 2)):
+                    started = time.perf_counter()
+                    assert await client.get(path) == 200
+                    samples[path].append(time.perf_counter() - started)
+            await client.aclose()
+        finally:
+            await stop_proxy(node)
+        nursery.cancel_scope.cancel()
+    metrics, health = (percentile(samples[p], 0.5) * 1000 for p in ("/gateway/metrics", "/health"))
+    return metrics, health
+
+
 def time_pick(count: int) -> float:
     """Microseconds per pick over ``count`` nodes, the model loaded on one of them."""
     nodes = [
@@ -160,6 +185,13 @@ async def main(rounds: int) -> None:
           f"{p50['gateway'] / p50['direct']:.2f}x direct")  # fmt: skip
     for count in (3, 100):
         print(f"pick over {count:>3} nodes: {time_pick(count):.1f} µs")
+    print("a node's /gateway/metrics against /health, p50 (ms), by models configured")
+    for count in (1, 10, 100):
+        with tempfile.TemporaryDirectory() as scratch:
+            metrics, health = await scrape_cost(Path(scratch), count)
+        share = (metrics - health) / 50 * 100
+        print(f"{count:>4} models: {metrics:.3f} vs {health:.3f}: +{metrics - health:.3f} ms, "
+              f"{share:.2f} % of a 50 ms scrape interval")  # fmt: skip
 
 
 if __name__ == "__main__":
