@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -154,13 +156,18 @@ async def _run(
     envoy_address: tuple[str, int],
 ) -> None:
     """Everything, until SIGINT or SIGTERM cancels it (Envoy then stops too)."""
+    # The key the nodes want (their apiKeys), for the scrapes; with one, a node answers
+    # GET /v1/models, checking the client's key.
+    node_key = os.environ.get("LLAMASWAP_NODE_API_KEY") or None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
         nursery.start_soon(
-            follow_endpoints, options.endpoints, endpoints, board, options.scrape_interval
-        )
+            partial(follow_endpoints, node_key=node_key),
+            options.endpoints, endpoints, board, options.scrape_interval,
+        )  # fmt: skip
         host = _url_host(grpc_address[0])
-        port = await nursery.start(serve_picker, board, f"{host}:{grpc_address[1]}")
+        picker = partial(serve_picker, list_models=node_key is None)
+        port = await nursery.start(picker, board, f"{host}:{grpc_address[1]}")
         print(f"{NAME}: picker (ext_proc) on {host}:{port}", flush=True)
         if options.envoy:
             url = await nursery.start(run_envoy, envoy_address, (grpc_address[0], port))

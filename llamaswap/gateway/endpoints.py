@@ -4,7 +4,7 @@
 
     endpoints:
       - name: gpu-1
-        address: 10.0.0.1
+        address: 10.0.0.1     # an IP address: Envoy connects to ip:port as given
         port: "8080"
         metricsPort: "9090"   # optional: where /gateway/metrics is, when not on port
 
@@ -85,8 +85,9 @@ def _endpoint(
         problems.append(ConfigProblem(format_path((*path, "name")), "must be a non-empty string"))
         name = None
     address = entry.get("address")
-    if not isinstance(address, str) or not _is_address(address):
-        message = "must be an IP address or host name"
+    if not isinstance(address, str) or not _is_ip(address):
+        # Envoy's original-destination cluster connects to an ip:port; it resolves nothing.
+        message = f"must be an IP address (Envoy routes to ip:port), got {address!r}"
         problems.append(ConfigProblem(format_path((*path, "address")), message))
         address = None
     port = _port(entry, "port", path, problems, required=True)
@@ -96,12 +97,11 @@ def _endpoint(
     return Endpoint(name, address, port, metrics_port)
 
 
-def _is_address(address: str) -> bool:
+def _is_ip(address: str) -> bool:
     try:
         ipaddress.ip_address(address)
     except ValueError:
-        labels = address.split(".")
-        return all(label and label.replace("-", "").isalnum() for label in labels)
+        return False
     return True
 
 

@@ -9,7 +9,8 @@ the same header, overwritten, as the protocol asks; a client's own is never read
 node up: 503, answered by Envoy at once. With the answer's headers comes the endpoint
 that served it (Envoy's ``upstream.address`` attribute), counted by endpoint.
 
-``GET /v1/models`` is answered here: the union of the nodes' models.
+``GET /v1/models`` is answered here: the union of the nodes' models (but by a node,
+which checks the client's key, when the nodes want one: ``LLAMASWAP_NODE_API_KEY``).
 
 gRPC's Python server is not Trio-native: it runs on asyncio (``grpc.aio``), in a thread
 of its own (``serve_picker``). What it shares with Trio's thread is the board alone.
@@ -74,17 +75,17 @@ class RequestInfo:
 
 
 def decide(
-    board: Board, exchange: RequestInfo, body: bytes, *, at_headers: bool
+    board: Board, info: RequestInfo, body: bytes, *, at_headers: bool, list_models: bool = True
 ) -> ep.ProcessingResponse:
     """Where the request goes, as the metadata and header for Envoy, in answer to its
     headers (a request without a body) or to its body; an immediate answer (no node up,
-    or ``GET /v1/models``) as an ``ImmediateResponse``."""
-    if exchange.method in ("GET", "HEAD") and exchange.path in ("/v1/models", "/models"):
+    or ``GET /v1/models`` when ``list_models``) as an ``ImmediateResponse``."""
+    if list_models and info.method in ("GET", "HEAD") and info.path in ("/v1/models", "/models"):
         listing = [{"id": m, "object": "model", "owned_by": "llamaswap"} for m in board.models()]
         document = json.dumps({"object": "list", "data": listing}).encode()
         return _immediate(200, [("content-type", "application/json")], document, "models")
-    model = _model(exchange, body)
-    chosen = board.choose(model, exchange.priority)
+    model = _model(info, body)
+    chosen = board.choose(model, info.priority)
     if chosen is None:  # Envoy's error mapper makes it OpenAI's error shape (envoy.py)
         what = f"model {model!r}" if model else "the request"
         text = f"no llamaswap node is up to serve {what}; try again shortly"
@@ -106,17 +107,17 @@ def decide(
     )
 
 
-def _model(exchange: RequestInfo, body: bytes) -> str | None:
+def _model(info: RequestInfo, body: bytes) -> str | None:
     """The model the request names; None when it names none that can be read (the node
     picked answers such a request as it would alone)."""
-    if exchange.path.startswith(UPSTREAM_PREFIX):
-        return exchange.path[len(UPSTREAM_PREFIX) :].partition("/")[0] or None
-    method = "GET" if exchange.method == "HEAD" else exchange.method
-    where = INFERENCE.get((method, exchange.path))
+    if info.path.startswith(UPSTREAM_PREFIX):
+        return info.path[len(UPSTREAM_PREFIX) :].partition("/")[0] or None
+    method = "GET" if info.method == "HEAD" else info.method
+    where = INFERENCE.get((method, info.path))
     if where is None:
         where = ModelIn.JSON if body else ModelIn.QUERY
     try:
-        return read_model(where, Payload(body, exchange.content_type), exchange.query)
+        return read_model(where, Payload(body, info.content_type), info.query)
     except BadRequest:
         return None
 
@@ -145,17 +146,18 @@ def _headers(message: Any) -> dict[str, str]:
 
 
 class _Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Board, list_models: bool) -> None:
         self._board = board
+        self._list_models = list_models
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        exchange = RequestInfo()
+        info = RequestInfo()
         async for request in requests:
             kind = request.WhichOneof("request")
             if kind == "request_headers":
                 headers = _headers(request.request_headers)
                 path, _, query = headers.get(":path", "/").partition("?")
-                exchange = RequestInfo(
+                info = RequestInfo(
                     method=headers.get(":method", "GET"),
                     path=path,
                     query=query.encode("latin-1"),
@@ -165,11 +167,13 @@ class _Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     ),
                 )
                 if request.request_headers.end_of_stream:
-                    yield decide(self._board, exchange, b"", at_headers=True)
+                    yield decide(
+                        self._board, info, b"", at_headers=True, list_models=self._list_models
+                    )
                 else:
                     yield ep.ProcessingResponse(request_headers=ep.HeadersResponse())
             elif kind == "request_body":
-                yield decide(self._board, exchange, request.request_body.body, at_headers=False)
+                yield decide(self._board, info, request.request_body.body, at_headers=False)
             elif kind == "response_headers":
                 self._served(request)
                 yield ep.ProcessingResponse(response_headers=ep.HeadersResponse())
@@ -194,11 +198,17 @@ _EMPTY = {
 
 
 async def serve_picker(
-    board: Board, address: str, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    board: Board,
+    address: str,
+    *,
+    list_models: bool = True,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ext_proc and gRPC health on ``address`` (``host:port``; port 0 picks one)
-    until cancelled; ``task_status.started`` gets the port."""
-    runner = _Runner(board, address)
+    until cancelled; ``task_status.started`` gets the port. ``list_models``: answer
+    ``GET /v1/models`` here (the nodes' models together); otherwise a node answers it,
+    checking the client's key (the nodes want one)."""
+    runner = _Runner(board, address, list_models)
     thread = threading.Thread(target=runner.run, name="llamaswap-gateway-grpc", daemon=True)
     thread.start()
     try:
@@ -218,6 +228,7 @@ class _Runner:
 
     board: Board
     address: str
+    list_models: bool
     started: concurrent.futures.Future[int] = attrs.field(factory=concurrent.futures.Future)
     stopped: threading.Event = attrs.field(factory=threading.Event)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -244,7 +255,9 @@ class _Runner:
     async def _serve(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         server = grpc.aio.server()
-        ep_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.board), server)
+        ep_grpc.add_ExternalProcessorServicer_to_server(
+            _Processor(self.board, self.list_models), server
+        )
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         try:

@@ -11,7 +11,6 @@ removed ones; a file that is not valid leaves the list as it was.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,14 +61,16 @@ async def scrape(
 
 
 async def follow_endpoints(
-    path: Path, endpoints: Sequence[Endpoint], board: Board, interval: float
+    path: Path,
+    endpoints: Sequence[Endpoint],
+    board: Board,
+    interval: float,
+    *,
+    node_key: str | None = None,
 ) -> None:
     """Scrape ``endpoints`` (read from ``path``), and the list ``path`` holds whenever it
-    changes, until cancelled."""
-    headers = {}
-    key = os.environ.get("LLAMASWAP_NODE_API_KEY")
-    if key:
-        headers["authorization"] = f"Bearer {key}"
+    changes, until cancelled; ``node_key``: the API key the nodes want, if any."""
+    headers = {"authorization": f"Bearer {node_key}"} if node_key else {}
     scrapers: dict[Endpoint, trio.CancelScope] = {}
     client = httpx.AsyncClient(headers=headers, timeout=SCRAPE_TIMEOUT)
     async with client, trio.open_nursery() as nursery:

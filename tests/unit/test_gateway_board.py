@@ -139,3 +139,12 @@ def test_no_node_up_is_a_503_and_the_model_list_is_the_union(board: Board) -> No
     listing = decide(board, models, b"", at_headers=True).immediate_response
     assert listing.status.code == 200
     assert [m["id"] for m in json.loads(listing.body)["data"]] == ["a", "b", "c"]
+
+
+def test_with_a_node_key_the_model_list_is_a_nodes_to_answer(board: Board) -> None:
+    """The nodes want a key (LLAMASWAP_NODE_API_KEY): the picker cannot check the
+    client's, so a node answers GET /v1/models."""
+    board.scraped(ONE, figures(), frozenset({"a"}))
+    models = RequestInfo("GET", "/v1/models")
+    answer = decide(board, models, b"", at_headers=True, list_models=False)
+    assert answer.dynamic_metadata[NAMESPACE][DESTINATION] == "10.0.0.1:8080"

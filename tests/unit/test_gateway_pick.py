@@ -60,7 +60,7 @@ endpoints:
     address: 10.0.0.1
     port: "8080"
   - name: gpu-2
-    address: node-2.lan
+    address: fd00::2
     port: 8080
     metricsPort: "9090"
 """
@@ -70,9 +70,8 @@ endpoints:
         "10.0.0.1:8080",
         "http://10.0.0.1:8080/gateway/metrics",
     )
-    assert two.metrics_url == "http://node-2.lan:9090/gateway/metrics"
-    assert two.url == "http://node-2.lan:8080"
-    assert Endpoint("v6", "::1", 81).target == "[::1]:81"
+    assert two.metrics_url == "http://[fd00::2]:9090/gateway/metrics"
+    assert (two.url, two.target) == ("http://[fd00::2]:8080", "[fd00::2]:8080")
 
 
 def test_every_problem_in_an_endpoints_file_is_named_with_its_key_path() -> None:
@@ -83,7 +82,7 @@ endpoints:
     port: "99999"
     metricPort: 1
   - name: gpu-1
-    address: "bad host!"
+    address: gpu.lan
     port: 80
   - "just a string"
 """
@@ -93,7 +92,7 @@ endpoints:
     assert problems == {
         ("endpoints[0].port", "must be a port (1-65535)"),
         ("endpoints[0].metricPort", "unknown key; did you mean 'metricsPort'?"),
-        ("endpoints[1].address", "must be an IP address or host name"),
+        ("endpoints[1].address", "must be an IP address (Envoy routes to ip:port), got 'gpu.lan'"),
         ("endpoints[2]", "must be a table of name, address, port"),
     }
     with pytest.raises(ConfigError, match="must be a list of endpoints"):
