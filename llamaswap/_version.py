@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 
-import trio
-
 import llamaswap
 
 __all__ = ["version", "versions"]
@@ -23,13 +21,17 @@ def version() -> str:
 
 def versions() -> dict[str, str]:
     """llamaswap's version, with Python's, Trio's and hypercorn's."""
-    try:
-        hypercorn = importlib.metadata.version("hypercorn")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover (a dependency)
-        hypercorn = "unknown"
     return {
         "version": version(),
         "python": platform.python_version(),
-        "trio": trio.__version__,
-        "hypercorn": hypercorn,
+        "trio": _installed("trio"),
+        "hypercorn": _installed("hypercorn"),
     }
+
+
+def _installed(distribution: str) -> str:
+    """A dependency's version, read without importing it (``--version`` imports nothing)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover (a dependency)
+        return "unknown"

@@ -1,80 +1,26 @@
-"""The ``llamaswap`` command line (SPEC §2)."""
+"""The ``llamaswap`` command line (SPEC §2): the arguments, then the command they name.
+
+Each command's module is imported only when it runs, so ``--version``, ``--help`` and a
+mistyped command answer at once instead of after importing the server.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import shlex
-import shutil
 import sys
 from collections.abc import Sequence
-from functools import partial
 
-import trio
-
-from llamaswap._limits import raise_open_files_limit
-from llamaswap._serve import listen_address, serve
 from llamaswap._version import version
-from llamaswap.config import Config, load_config
-from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
-from llamaswap.keypaths import did_you_mean, format_path
-from llamaswap.observability.logs import configure_console
+from llamaswap.keypaths import did_you_mean
 
-__all__ = ["check_config", "main", "missing_programs"]
+__all__ = ["main"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
-SUBCOMMANDS = ("check-config", "gateway", "import-config", "simulate")
+SUBCOMMANDS = ("check-config", "import-config", "simulate", "gateway")
 #: Words a llama-swap user may try for import-config.
 MIGRATE_WORDS = frozenset({"migrate", "convert", "import"})
 IMPORT_CONFIG = "llamaswap import-config"
-CHECK_CONFIG_USAGE = "usage: llamaswap check-config PATH"
-CHECK_CONFIG_HELP = (
-    "Print every problem in the TOML config at PATH, one per line, without starting "
-    "anything.\nExit status 0 when it is valid (a program not found on PATH is only a "
-    "warning), 2 when not."
-)
-
-
-def check_config(path: str) -> int:
-    """Print every problem in the config at ``path``; 0 when valid, 2 when not.
-
-    A program that a command names but this machine lacks is a warning, not a problem: the
-    config may be checked on one machine and served on another.
-    """
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem.render(exc.file), file=sys.stderr)
-        count = len(exc.problems)
-        print(f"{count} problem{'s' if count != 1 else ''} found", file=sys.stderr)
-        return 2
-    for warning in missing_programs(config):
-        print(f"{path}: warning: {warning}", file=sys.stderr)
-    print(f"{path}: ok")
-    return 0
-
-
-def missing_programs(config: Config) -> list[str]:
-    """``models.ID.cmd: program 'x' not found on PATH`` for each command whose program is
-    not here (looked up on the model's own ``env`` PATH if it sets one)."""
-    found = []
-    for model_id, model in config.models.items():
-        search = model.env.get("PATH", os.environ.get("PATH", os.defpath))
-        for key, command in (("cmd", model.cmd), ("cmdStop", model.cmd_stop)):
-            if command is None or shutil.which(command[0], path=search) is not None:
-                continue
-            path = format_path(("models", model_id, key))
-            if os.sep in command[0] and os.path.isfile(command[0]):
-                found.append(f"{path}: program {command[0]!r} is not executable (chmod +x it)")
-                continue
-            where = "" if os.sep in command[0] else " on PATH"
-            found.append(
-                f"{path}: program {command[0]!r} not found{where} "
-                "(it may exist where llamaswap will run)"
-            )
-    return found
 
 
 def _unknown_command(args: Sequence[str]) -> str:
@@ -122,21 +68,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         choices=["debug", "info", "warn", "error"],
-        help="overrides logLevel from the config",
+        metavar="LEVEL",
+        help="debug, info, warn or error; overrides logLevel from the config",
     )
+    # argparse's usage of the options above, then the subcommands it does not know of.
+    serving = parser.format_usage().removeprefix("usage: ").strip()
+    commands = " | ".join(SUBCOMMANDS)
+    parser.usage = f"{serving}\n       llamaswap {commands} ... (each takes --help)"
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["check-config"]:
-        if args[1:2] in (["-h"], ["--help"]):
-            print(f"{CHECK_CONFIG_USAGE}\n\n{CHECK_CONFIG_HELP}")
-            sys.exit(0)
-        if len(args) != 2:
-            print(CHECK_CONFIG_USAGE, file=sys.stderr)
-            sys.exit(2)
-        sys.exit(check_config(args[1]))
+        from llamaswap.config.command import main as check_config
+
+        sys.exit(check_config(args[1:]))
+    if args[:1] == ["import-config"]:
+        from llamaswap.migrate.command import import_config
+
+        sys.exit(import_config(args[1:]))
     if args[:1] == ["simulate"]:
         from llamaswap.simulate.command import main as simulate
 
@@ -149,51 +100,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                   file=sys.stderr)  # fmt: skip
             sys.exit(2)
         sys.exit(gateway(args[1:]))
-    if args[:1] == ["import-config"]:
-        from llamaswap.migrate.command import import_config
-
-        sys.exit(import_config(args[1:]))
     if args and not args[0].startswith("-"):
         # The server takes options only: a first word is a subcommand llamaswap lacks.
         print(_unknown_command(args), file=sys.stderr)
         sys.exit(2)
-    options = _parser().parse_args(args)
-    try:
-        listen_address(options.listen)  # a bad --listen before the config is read
-    except LlamaSwapError as exc:
-        print(f"llamaswap: {exc}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        config = load_config(options.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(2)
-    level = options.log_level or config.log_level.value
-    configure_console(level, config.log_to_stdout.value, config.log_time_format)
-    # --log-level debug is about llamaswap and its models, not every HTTP/2 header.
-    logging.getLogger("hpack").setLevel(logging.WARNING)
-    raise_open_files_limit()  # before any socket or model process exists
-    try:
-        trio.run(_run, config, options)
-    except BaseException as exc:
-        # The one boundary where a failure to start (an unusable store.path, no lifeline)
-        # leaves its ExceptionGroups: say it plainly, as an invalid config is said.
-        error = only_cause(exc)
-        if not isinstance(error, LlamaSwapError):
-            raise
-        print(f"llamaswap: {error}", file=sys.stderr)
-        sys.exit(2)
+    options = _parser().parse_args(args)  # --version and --help end here
+    from llamaswap._run import run
 
-
-async def _run(config: Config, options: argparse.Namespace) -> None:
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            partial(
-                serve,
-                config,
-                listen=options.listen,
-                config_path=options.config,
-                watch_config=options.watch_config,
-            )
+    sys.exit(
+        run(
+            options.config,
+            listen=options.listen,
+            watch_config=options.watch_config,
+            log_level=options.log_level,
         )
-        print(f"llamaswap: listening on {url}", flush=True)
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from typing import Any
 
@@ -162,4 +163,4 @@ def register(quart: QuartTrio, router: Router) -> None:
 
     @quart.get("/api/version")
     async def version() -> Response:
-        return _json(versions())
+        return _json({**versions(), "pid": os.getpid()})  # for `kill -HUP`

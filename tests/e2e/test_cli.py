@@ -25,3 +25,25 @@ def test_a_bad_listen_is_one_line_and_exit_2_before_the_config_is_read(listen: s
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"llamaswap: cannot listen on {listen or repr('')}: ")
     assert done.stdout == ""
+
+
+#: Runs the CLI on its arguments, then prints which of the server's modules it imported.
+HEAVY_IMPORTS = """
+import sys
+from llamaswap.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+server = ("trio", "quart", "hypercorn", "llamaswap._serve")
+print("imported:", [module for module in server if module in sys.modules])
+"""
+
+
+def test_version_and_help_answer_without_importing_the_server() -> None:
+    for flag in ("--version", "--help"):
+        done = subprocess.run(
+            [sys.executable, "-c", HEAVY_IMPORTS, flag],
+            capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert done.stdout.splitlines()[-1] == "imported: []", done.stdout

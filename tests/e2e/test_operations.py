@@ -345,7 +345,12 @@ async def test_version_route_and_flag(proxy_factory: StartProxy) -> None:
         "python": platform.python_version(),
         "trio": trio.__version__,
         "hypercorn": importlib.metadata.version("hypercorn"),
+        "pid": proxy.process.pid,
     }
+    # The line after "listening on" says it too, for `kill -HUP`.
+    pid_line = rf"^llamaswap: pid {proxy.process.pid} \(SIGHUP reloads the config\)$"
+    with trio.fail_after(30):
+        await proxy.output.wait_for(pid_line)
     with trio.fail_after(30):
         flag = await trio.run_process(
             [sys.executable, "-m", "llamaswap", "--version"],

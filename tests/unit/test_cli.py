@@ -73,12 +73,27 @@ def test_check_config_help_is_help_not_a_file_name(
     assert "problem" in out
 
 
-def test_help_names_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_names_every_subcommand(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps the usage to the terminal
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
     assert exited.value.code == 0
-    out = " ".join(capsys.readouterr().out.split())
-    for command in ("llamaswap check-config", "llamaswap import-config", "llamaswap simulate"):
+    out = capsys.readouterr().out
+    usage = out[: out.index("\n\n")]
+    assert usage.endswith(
+        "\n       llamaswap check-config | import-config | simulate | gateway ... "
+        "(each takes --help)"
+    )
+    assert usage.startswith("usage: llamaswap [-h] [--version] --config PATH")
+    out = " ".join(out.split())
+    for command in (
+        "llamaswap check-config",
+        "llamaswap import-config",
+        "llamaswap simulate",
+        "llamaswap gateway",
+    ):
         assert command in out
 
 
@@ -109,7 +124,8 @@ def test_an_unknown_command_is_an_error_naming_the_commands(
     assert out == ""
     assert err.splitlines() == [
         f"llamaswap: unknown command {args[0]!r}{hint}",
-        "llamaswap's commands are check-config, import-config, simulate (each takes --help); "
+        "llamaswap's commands are check-config, import-config, simulate, gateway "
+        "(each takes --help); "
         "it serves with: llamaswap --config PATH",
     ]
 

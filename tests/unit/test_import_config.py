@@ -10,8 +10,9 @@ import pytest
 import tomli
 from ruamel.yaml import YAML
 
-from llamaswap.cli import check_config, main
+from llamaswap.cli import main
 from llamaswap.config import Config, loads_config
+from llamaswap.config.command import check_config
 from llamaswap.config.model import GroupConfig
 from llamaswap.errors import ConfigError
 from llamaswap.migrate.translate import ImportResult, Remark, YamlError, import_yaml
