@@ -156,9 +156,9 @@ class Reloader:
     def _report(self, result: ReloadResult) -> None:
         if result.ok:
             assert result.changes is not None
-            summary = {k: v for k, v in result.changes.to_json().items() if v}
-            summary.pop("unchanged", None)
-            logger.info("reloaded %s (%s): %s", self.path, result.trigger, summary or "no change")
+            logger.info(
+                "reloaded %s (%s): %s", self.path, result.trigger, result.changes.describe()
+            )
             for key in result.changes.at_start:
                 logger.warning("reload: %s changed; it applies when llamaswap starts again", key)
         else:

@@ -224,6 +224,12 @@ class ModelConfig:
     slot_save_path: str | None = None
 
     @property
+    def idle_ttl(self) -> float | None:
+        """``ttl`` as the API says it: ``None`` when the model is never unloaded for
+        idleness (``ttl = 0``)."""
+        return self.ttl if self.ttl > 0 else None
+
+    @property
     def health_url(self) -> str | None:
         """The URL polled for readiness, or ``None`` when ``checkEndpoint = "none"``."""
         if self.check_endpoint == CHECK_NONE:

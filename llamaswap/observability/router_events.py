@@ -182,17 +182,17 @@ class RouterEvents:
     def _model(self, model: str) -> dict[str, Any]:
         router = self._router
         stats = router.statistics(model)
-        ttl = router.definition(model).ttl
+        ttl = router.definition(model).idle_ttl
         now = trio.current_time()
-        left = stats.ttl_left(now) if ttl > 0 else None
+        left = None if ttl is None else stats.ttl_left(now)
         return {
             "model": model,
             "state": stats.state.value,
             "pid": stats.pid,
-            "ttl": ttl if ttl > 0 else None,
+            "ttl": ttl,
             "ttl_left_ms": None if left is None else _ms(left),
             # Ready with a ttl that does not run: requests for it wait or are served.
-            "ttl_paused": stats.state is ModelState.READY and ttl > 0 and left is None,
+            "ttl_paused": stats.state is ModelState.READY and ttl is not None and left is None,
             "loading_for_ms": _since(stats.starting_since, now),
             "loaded_for_ms": _since(stats.ready_since, now),
             "in_flight": stats.in_flight,

@@ -388,7 +388,7 @@ def create_app(
         else:
             model = router.config.models[target.model_id]  # the current config: names' own
             stats = router.statistics(target.model_id)
-            ttl = router.definition(target.model_id).ttl
+            ttl = router.definition(target.model_id).idle_ttl
             status = model_status(stats, ttl, now=now, wall_now=wall_now)
             model_name = model.name or target.model_id
             description = model.description or ""
@@ -446,7 +446,7 @@ def create_app(
                     "name": model.name or model_id,
                     "state": stats.state.value,
                     "proxy": model.proxy,
-                    "ttl": model.ttl,
+                    "ttl": model.idle_ttl,
                     "pid": stats.pid,
                     "in_flight": stats.in_flight,
                     **memory_entry(router.resources, model_id),

@@ -99,7 +99,7 @@ def inflight_entry(
 
 
 def model_status(
-    stats: ModelStatistics, ttl: float, *, now: float, wall_now: float
+    stats: ModelStatistics, ttl: float | None, *, now: float, wall_now: float
 ) -> dict[str, Any]:
     """A model's ``meta.llamaswap`` in ``/v1/models``.
 
@@ -109,11 +109,11 @@ def model_status(
     loaded_since = None
     if stats.ready_since is not None:
         loaded_since = iso_time(to_wall_clock(stats.ready_since, now=now, wall_now=wall_now))
-    left = stats.ttl_left(now) if ttl > 0 else None
+    left = None if ttl is None else stats.ttl_left(now)
     return {
         "state": stats.state.value,
         "loaded_since": loaded_since,
-        "ttl": ttl if ttl > 0 else None,
+        "ttl": ttl,
         "ttl_left": None if left is None else round(left, 3),
     }
 

@@ -43,6 +43,23 @@ class ConfigChanges:
     def to_json(self) -> dict[str, list[str]]:
         return {key: list(value) for key, value in attrs.asdict(self).items()}
 
+    def describe(self) -> str:
+        """What changed, for the log: ``added 'beta'; restarted 'alpha'; settings
+        globalTTL``, or ``no change`` (the unchanged models and the keys that apply at the
+        next start are left out: the latter get a warning line each)."""
+        models = [
+            f"{what} {', '.join(map(repr, ids))}"
+            for what, ids in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("restarted", self.restarted),
+                ("updated", self.updated),
+            )
+            if ids
+        ]
+        settings = [f"settings {', '.join(self.settings)}"] if self.settings else []
+        return "; ".join(models + settings) or "no change"
+
 
 def diff_config(old: Config, new: Config) -> ConfigChanges:
     """How ``new`` differs from ``old``; see the module docstring."""

@@ -315,6 +315,13 @@ async def test_models_list_their_state_before_and_after_a_load(proxy_factory: St
             assert (await client.post("/api/models/load/alpha")).status_code == 200
             after = time.time()
             loaded = await meta(client)
+            alpha_running = await running(client)
+            assert (await client.post("/api/models/load/beta")).status_code == 200
+            beta_running = await running(client)
+            beta_listed = (await meta(client))["beta"]["llamaswap"]
+    # /running says each model's ttl as /v1/models does: null for none.
+    assert (alpha_running["alpha"]["ttl"], beta_running["beta"]["ttl"]) == (300, None)
+    assert beta_listed["ttl"] is None
     unknown: dict[str, Any] = {
         "memory": None,
         "memory_source": None,

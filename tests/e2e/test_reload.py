@@ -262,6 +262,7 @@ async def test_watch_config_applies_a_saved_edit(proxy_factory: StartProxy) -> N
             ).status_code == 200
     print(f"--watch-config applied the edit {took:.2f} s after the rename")
     assert proxy.output.text().count("(file changed)") == 1  # one save, one reload
+    assert "change detected" not in proxy.output.text()  # watchfiles' own lines: silenced
 
 
 @pytest.mark.parametrize("edit", ["proxy", "filters"])
@@ -379,7 +380,7 @@ async def test_watch_config_reloads_a_truncated_then_written_file_once_complete(
                 file.write(unstarted("alpha", "beta"))
             line = (await proxy.output.wait_for(r"reloaded .* \(file changed\).*", start=mark))[0]
             assert "removed" not in line
-            assert "'added': ['beta']" in line
+            assert line.endswith(": added 'beta'")
             assert await listed(client) == ["alpha", "beta"]
 
 
@@ -406,5 +407,5 @@ async def test_a_file_left_empty_is_refused_until_it_says_there_are_no_models(
             mark = len(proxy.output.lines)
             proxy.config.write_text("[models]\n")
             line = (await proxy.output.wait_for(r"reloaded .* \(file changed\).*", start=mark))[0]
-            assert "'removed': ['alpha']" in line
+            assert line.endswith(": removed 'alpha'")
             assert await listed(client) == []

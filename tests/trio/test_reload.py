@@ -86,6 +86,10 @@ def test_the_diff_sorts_models_by_what_a_reload_does_to_them() -> None:
         unchanged=("same",),
         settings=("apiKeys",),
     )
+    assert diff_config(old, new).describe() == (
+        "added 'new'; removed 'gone'; restarted 'cmd'; updated 'ttl'; settings apiKeys"
+    )
+    assert diff_config(old, old).describe() == "no change"
 
 
 @contextmanager

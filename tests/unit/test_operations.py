@@ -144,13 +144,13 @@ def stats(
 
 def test_model_status_stopped_and_without_ttl() -> None:
     nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None}
-    assert model_status(stats(ModelState.STOPPED), 0.0, now=1000.0, wall_now=WALL) == nothing
+    assert model_status(stats(ModelState.STOPPED), None, now=1000.0, wall_now=WALL) == nothing
     assert model_status(stats(ModelState.STOPPED), 60.0, now=1000.0, wall_now=WALL) == {
         **nothing,
         "ttl": 60.0,
     }
     ready = stats(ModelState.READY, ready_since=900.0)
-    assert model_status(ready, 0.0, now=1000.0, wall_now=WALL) == {
+    assert model_status(ready, None, now=1000.0, wall_now=WALL) == {
         "state": "ready",
         "loaded_since": "2025-12-31T23:58:20.000Z",
         "ttl": None,
