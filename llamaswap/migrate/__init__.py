@@ -2,6 +2,6 @@
 
 ``translate.import_yaml`` turns llama-swap's YAML into llamaswap's TOML, comments
 included, and lists what it could not carry over; ``command`` is the subcommand around it.
-The YAML reader and TOML writer (ruamel.yaml, tomlkit) are the optional ``import`` extra,
-so this package is imported only when the subcommand runs.
+Serving never imports this package (nor its YAML reader and TOML writer, ruamel.yaml and
+tomlkit): the subcommand does, when it runs.
 """

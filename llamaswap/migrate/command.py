@@ -14,10 +14,9 @@ from llamaswap.keypaths import Path, format_path, leaves
 
 from ..config import loads_config
 from ..errors import ConfigError
+from .translate import YamlError, import_yaml
 
 __all__ = ["import_config"]
-
-INSTALL_HINT = "pip install 'llamaswap[import]'"
 
 
 class _AnyEnvironment(Mapping[str, str]):
@@ -66,14 +65,6 @@ def _parser() -> argparse.ArgumentParser:
 def import_config(argv: Sequence[str]) -> int:
     """Run the subcommand; the exit status: 0 when the TOML is valid, 2 otherwise."""
     options = _parser().parse_args(argv)
-    try:
-        from .translate import YamlError, import_yaml  # the optional import extra
-    except ImportError:
-        print(
-            f"llamaswap import-config needs ruamel.yaml and tomlkit: {INSTALL_HINT}",
-            file=sys.stderr,
-        )
-        return 2
     source: str = options.file
     output: str | None = options.output
     if output is not None and os.path.exists(output) and not options.force:

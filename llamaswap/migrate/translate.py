@@ -31,7 +31,8 @@ exceptions are the places where the two formats differ, each handled by name:
   command written for Windows, a model without ``cmd``, ``comfyui_auto``) is noted.
 
 Comments (``comments.py``) are placed before the key, table or array item they were
-above, and end-of-line comments stay at the end of their line. A TOML table's values must
+above, and end-of-line comments stay at the end of their line; those of llama-swap's own
+that llamaswap makes false are rewritten (``corrections.py``). A TOML table's values must
 come before its sub-tables, so within each table the values are written first; a comment
 above a sub-table is written as the last line before that sub-table's header.
 """
@@ -64,6 +65,7 @@ from ..config.matrix_expr import And, MatrixExprError, Name, Node, Or, parse_exp
 from ..config.validate import NAME_RULE, bad_name
 from ..config.values import InvalidValue, parse_command, without_comments
 from .comments import Comments, find_comments
+from .corrections import correct
 
 __all__ = ["ImportResult", "Remark", "YamlError", "import_yaml"]
 
@@ -186,7 +188,7 @@ def import_yaml(text: str) -> ImportResult:
         root = {}
     if not isinstance(root, Mapping):
         raise YamlError("expected a mapping of keys (healthCheckTimeout, models, ...)")
-    result = _Translator(root, find_comments(root, text)).run()
+    result = _Translator(root, correct(find_comments(root, text))).run()
     if more:
         ignored = Remark(
             _LATER_DOCUMENTS,

@@ -96,25 +96,6 @@ def test_the_command_fails_when_the_translation_is_not_a_valid_config(tmp_path: 
     assert "[routing.router.settings.groups.g]" in done.stdout  # still printed, to fix
 
 
-def test_the_command_without_its_libraries_says_how_to_install_them(tmp_path: Path) -> None:
-    code = (
-        "import sys; sys.modules['tomlkit'] = None; "
-        "from llamaswap.cli import main; main(['import-config', 'x.yaml'])"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert done.stderr == (
-        "llamaswap import-config needs ruamel.yaml and tomlkit: pip install 'llamaswap[import]'\n"
-    )
-
-
 def test_the_check_config_command_on_a_yaml_file(tmp_path: Path) -> None:
     done = run("check-config", str(FIXTURE), cwd=tmp_path)
     assert done.returncode == 2

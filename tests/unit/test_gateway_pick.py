@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ruamel.yaml")
-
 from llamaswap.errors import ConfigError
 from llamaswap.gateway.endpoints import parse_endpoints
 from llamaswap.gateway.nodes import Endpoint, Figures, Node, parse_figures, parse_models

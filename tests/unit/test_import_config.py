@@ -811,3 +811,55 @@ def test_without_groups_or_a_matrix_there_is_no_such_comment() -> None:
         """
     )
     assert "docs/resources.md" not in result.toml
+
+
+def test_llama_swaps_comments_that_llamaswap_makes_false_are_rewritten() -> None:
+    # As in llama-swap's config.example.yaml.
+    result, _ = translate(
+        """
+        # add this modeline for validation in vscode
+        # yaml-language-server: $schema=https://example.org/llama-swap/config-schema.json
+        models:
+          a:
+            cmd: "a --port ${PORT}"
+            # timeouts: configure proxy connection timeouts for this model
+            # - optional, defaults shown below
+            # - connect: TCP dial connection timeout in seconds, default: 30 seconds
+            # - keepalive: TCP connection keepalive timeout, default: 30 seconds
+            # - responseHeader: time to wait for response headers, default: 0 (no timeout)
+            # - tlsHandshake: TLS handshake timeout in seconds, default: 10 seconds
+            # - idleConn: idle connection timeout in seconds, default: 90 seconds
+            timeouts:
+              connect: 30 # default: 30
+        routing:
+          # scheduler: how queued requests are ordered.
+          # The default and only valid scheduler is "fifo"
+          scheduler:
+            use: fifo
+        """
+    )
+    assert (
+        "# add this modeline for validation in vscode\n"
+        "# llamaswap: llama-swap's YAML schema line was here; no schema applies to TOML\n"
+        "[models.a]\n"
+    ) in result.toml
+    assert (
+        "# timeouts: configure proxy connection timeouts for this model\n"
+        "# - optional, llama-swap's defaults shown below (llamaswap's: connect 10, "
+        "tlsHandshake 10, responseHeader 0, idleConn 4, keepalive 0 seconds; 0: off)\n"
+        "# - connect: TCP dial connection timeout in seconds, default: 30 seconds in "
+        "llama-swap; llamaswap's: 10 seconds\n"
+        "# - keepalive: TCP connection keepalive timeout, default: 30 seconds in llama-swap; "
+        "llamaswap's: 0 (off)\n"
+        # the same default in both: left as written
+        "# - responseHeader: time to wait for response headers, default: 0 (no timeout)\n"
+        "# - tlsHandshake: TLS handshake timeout in seconds, default: 10 seconds\n"
+        "# - idleConn: idle connection timeout in seconds, default: 90 seconds in llama-swap; "
+        "llamaswap's: 4 seconds\n"
+        "[models.a.timeouts]\nconnect = 30 # default: 30\n"  # not llama-swap's wording
+    ) in result.toml
+    assert (
+        "# scheduler: how queued requests are ordered.\n"
+        '# llamaswap: the default scheduler is "fifo"; "serial" orders by priority too\n'
+        "[routing.scheduler]\n"
+    ) in result.toml
