@@ -329,9 +329,10 @@ class Generation:
     @property
     def repeated(self) -> bool:
         """The segment in progress, a resumed one, began with the whole text before it:
-        its server answered from the start, ignoring what it was asked to continue."""
+        its server answered from the start, ignoring what it was asked to continue. (A
+        request preempted before its first token had nothing to continue.)"""
         before = self.text[: self._start]
-        return self.segments > 1 and self.text.startswith(before, self._start)
+        return self.segments > 1 and bool(before) and self.text.startswith(before, self._start)
 
     # ------------------------------------------------------------------ answer
 

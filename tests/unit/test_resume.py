@@ -220,6 +220,15 @@ def test_a_server_that_answers_again_from_the_start_is_seen() -> None:
     assert seen == [False, False, True, False]
 
 
+def test_a_request_preempted_before_its_first_token_is_not_seen_as_answered_again() -> None:
+    g = made(CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    g.body()
+    g.feed(b"")  # checkpointed before the server sent a token
+    g.body()
+    g.feed(sse(chunk("one", id="c2")))
+    assert (g.segments, g.repeated) == (2, False)
+
+
 def arguments(piece: str, finish: str | None = None) -> dict[str, Any]:
     call = {"index": 0, "function": {"arguments": piece}}
     return {"id": "c1", "choices": [{"delta": {"tool_calls": [call]}, "finish_reason": finish}]}
