@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import REPO, free_port_base
+from tests.e2e.harness import REPO, ProxyProcess, free_port_base
+from tests.e2e.test_proxy import chat
 
 #: Workloads (``*.workload.toml``) are not configs: tests/unit/test_simulate.py runs them.
 EXAMPLES = sorted(
@@ -97,10 +99,14 @@ def test_a_config_check_config_refuses_does_not_start_the_server(tmp_path: Path)
     assert "routing.scheduler.settings.serial.agingDivisor: expected 0 (no aging)" in result.stderr
 
 
+def example(name: str) -> str:
+    """``examples/NAME``'s text, on free ports."""
+    text = (REPO / "examples" / name).read_text()
+    return re.sub(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)
+
+
 async def test_quickstart_serves_two_models_with_a_swap(proxy_factory: StartProxy) -> None:
-    text = (REPO / "examples" / "quickstart.toml").read_text()
-    text = re.sub(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)
-    proxy = await proxy_factory(text)
+    proxy = await proxy_factory(example("quickstart.toml"))
     messages = [{"role": "user", "content": "hello"}]
     async with proxy.client() as client:
         with trio.fail_after(60):
@@ -121,12 +127,53 @@ async def test_quickstart_serves_two_models_with_a_swap(proxy_factory: StartProx
     await proxy.output.wait_for(r"model 'chat': stopping \(evicted for 'coder'\)")
 
 
+async def admit(
+    proxy: ProxyProcess,
+    client: httpx.AsyncClient,
+    nursery: trio.Nursery,
+    band: str,
+    answered: list[str],
+) -> None:
+    """Send ``chat`` a request in ``band``; return once the proxy has it (queued, or loading
+    the model for it); ``answered`` gets the band when the answer is complete."""
+    mark = len(proxy.output.lines)
+
+    async def send() -> None:
+        headers = {"X-LlamaSwap-Priority": band}
+        response = await client.post("/v1/chat/completions", json=chat("chat"), headers=headers)
+        assert response.status_code == 200, response.text
+        answered.append(band)
+
+    nursery.start_soon(send)
+    await proxy.output.wait_for(r"request #\d+ for 'chat': (queued|loading)$", start=mark)
+
+
+async def test_quickstart_serves_one_per_band_interactive_first(
+    proxy_factory: StartProxy,
+) -> None:
+    """The dashboard Playground's "Send one per band", as README.md and docs/ui.md say:
+    batch, normal and interactive at once, in that order, to a model not yet loaded."""
+    proxy = await proxy_factory(example("quickstart.toml"))
+    answered: list[str] = []
+    async with proxy.client() as client, trio.open_nursery() as requests:
+        with trio.fail_after(60):
+            for band in ("batch", "normal", "interactive"):
+                await admit(proxy, client, requests, band, answered)
+    # batch took the slot and chat's load; interactive paused it once chat was ready.
+    assert answered == ["interactive", "normal", "batch"]
+    async with proxy.client() as client:
+        activity = (await client.get("/api/activity")).json()["activity"]
+    assert {record["scheduler"] for record in activity} == {"serial"}
+    assert all(record["score"] is not None for record in activity)  # the dashboard shows it
+    (batch,) = (record for record in activity if record["band"] == "batch")
+    assert batch["metadata"]["preemptions"] == 1
+    assert "prefill_ignored" not in batch["metadata"]
+
+
 async def test_the_memory_example_runs_what_fits_and_evicts_to_make_room(
     proxy_factory: StartProxy,
 ) -> None:
-    text = (REPO / "examples" / "memory.toml").read_text()
-    text = re.sub(r"(?m)^startPort = \d+$", f"startPort = {free_port_base()}", text)
-    proxy = await proxy_factory(text)
+    proxy = await proxy_factory(example("memory.toml"))
     async with proxy.client() as client:
 
         async def running() -> set[str]:
