@@ -29,8 +29,9 @@ from .comments import Comments
 __all__ = ["correct"]
 
 #: llamaswap's default of each ``timeouts`` key.
-TIMEOUT_DEFAULTS = {
-    schema.toml_key(field): float(field.default) for field in attrs.fields(schema.Timeouts)
+TIMEOUT_DEFAULTS: dict[str, float] = {
+    schema.toml_key(field): getattr(schema.Timeouts(), field.name)
+    for field in attrs.fields(schema.Timeouts)
 }
 
 _SCHEMA_LINE = re.compile(r"#\s*yaml-language-server:\s*\$schema=")
@@ -68,13 +69,13 @@ def _correct(line: str, path: Path) -> str:
     if "timeouts" not in path:
         return line
     if match := _TIMEOUT_DEFAULT.match(line):
-        ours = TIMEOUT_DEFAULTS[match["key"]]
-        if float(match["seconds"]) == ours:
+        default = TIMEOUT_DEFAULTS[match["key"]]
+        if float(match["seconds"]) == default:
             return line
-        return f"{match['head']}{match['theirs']} in llama-swap; llamaswap's: {_seconds(ours)}"
+        return f"{match['head']}{match['theirs']} in llama-swap; llamaswap's: {_seconds(default)}"
     defaults = ", ".join(f"{key} {value:g}" for key, value in TIMEOUT_DEFAULTS.items())
-    ours = f"llama-swap's defaults shown below (llamaswap's: {defaults} seconds; 0: off)"
-    return _DEFAULTS_SHOWN.sub(ours, line)
+    shown = f"llama-swap's defaults shown below (llamaswap's: {defaults} seconds; 0: off)"
+    return _DEFAULTS_SHOWN.sub(shown, line)
 
 
 def _seconds(value: float) -> str:
