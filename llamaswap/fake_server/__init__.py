@@ -16,7 +16,10 @@ it has to behave like one where the proxy can tell the difference:
 
 Answers are deterministic: the words come from a fixed list, walked by a tiny pseudo-random
 generator seeded with ``zlib.crc32`` of the model name and the last user message, so the same
-request always gets the same text. Embeddings are derived from the input text the same way.
+request always gets the same text, in each API's shape: chat and text completions, the
+Responses API, Anthropic Messages (tool calls included) and llama.cpp's ``/completion``.
+Embeddings are derived from the input text the same way (as floats, or base64 as OpenAI's
+SDKs ask for them).
 
 It is a plain ASGI callable served by hypercorn's Trio worker, the same stack as the proxy
 itself: no extra dependency, real HTTP/1.1 keep-alive, and the ASGI ``http.disconnect`` message

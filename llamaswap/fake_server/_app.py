@@ -30,9 +30,11 @@ from ._content import (
     completion_continuation,
     dumps,
     embedding,
+    encoded,
     error,
     n_predict,
     prompt_texts,
+    response_input,
     text_of,
     token_limit,
 )
@@ -117,6 +119,7 @@ class FakeServer:
             # llama.cpp's native route: the same words as /v1/completions, its own shape.
             ("POST", "/completion"): partial(self._complete, "native"),
             ("POST", "/v1/messages"): partial(self._complete, "messages"),
+            ("POST", "/v1/responses"): partial(self._complete, "responses"),
             ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/slots"): self._list_slots,
         }
@@ -260,9 +263,13 @@ class FakeServer:
         if body is None:
             return
         texts = prompt_texts(body.get("input"))
-        size = self.options.embedding_size
+        size, encoding_format = self.options.embedding_size, body.get("encoding_format")
         data = [
-            {"object": "embedding", "index": index, "embedding": embedding(text, size)}
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": encoded(embedding(text, size), encoding_format),
+            }
             for index, text in enumerate(texts)
         ]
         tokens = sum(len(text.split()) for text in texts)
@@ -307,10 +314,19 @@ class FakeServer:
     def _completion(self, kind: str, body: dict[str, Any]) -> tuple[Completion, list[str]]:
         """The generation ``body`` asks for, and its prompt's tokens (words), which a slot
         now caches."""
-        limit = n_predict if kind == "native" else token_limit
-        count, limited = limit(body, self.options.max_tokens)
+        if kind == "native":
+            count, limited = n_predict(body, self.options.max_tokens)
+        elif kind == "responses":
+            count, limited = token_limit(body, self.options.max_tokens, ("max_output_tokens",))
+        else:
+            count, limited = token_limit(body, self.options.max_tokens)
         finish_reason = "length" if limited else "stop"
-        if kind in ("chat", "messages"):
+        if kind == "responses":
+            texts, question = response_input(body)
+            finish_reason = "incomplete" if limited else "completed"  # the response's status
+            seed, start = chat_continuation(self.options.model_name, question, "")
+            prefix = "resp"
+        elif kind in ("chat", "messages"):
             messages = body.get("messages")
             if not isinstance(messages, list):
                 raise BadRequest(f"'messages' must be a list, got {messages!r}")
@@ -344,9 +360,9 @@ class FakeServer:
             stream_options.get("include_usage")
         )
         name = self.options.model_name
-        tool = called_tool(body) if kind == "chat" else None
+        tool = called_tool(kind, body) if kind in ("chat", "messages") else None
         if tool is not None:
-            finish_reason = "tool_calls"
+            finish_reason = "tool_use" if kind == "messages" else "tool_calls"
         words = [word for text in texts for word in text.split()]
         slot, cached = self._caches.take(words)
         job = Completion(

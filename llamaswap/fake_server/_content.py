@@ -1,5 +1,5 @@
-"""What the fake server says: deterministic words, embeddings, OpenAI-, Anthropic- and
-llama.cpp-shaped bodies.
+"""What the fake server says: deterministic words, embeddings, OpenAI-shaped (chat and
+text completions, the Responses API), Anthropic- and llama.cpp-shaped bodies.
 
 Pure functions and values, no I/O: the ASGI app in ``_app`` turns a request body into a
 :class:`Completion` and sends the bytes these helpers build.
@@ -16,8 +16,10 @@ decide where an answer starts; both cost time linear in the text they inspect.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any, Final, final
@@ -158,6 +160,17 @@ def embedding(text: str, size: int) -> list[float]:
     return [round(value / norm, 6) for value in raw]
 
 
+def encoded(vector: list[float], encoding_format: object) -> list[float] | str:
+    """An embedding as a request's ``encoding_format`` asks for it: the floats (``"float"``,
+    or none), or, as OpenAI sends ``"base64"``, their little-endian float32 bytes in
+    base64."""
+    if encoding_format in (None, "float"):
+        return vector
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    raise BadRequest(f"encoding_format must be 'float' or 'base64', got {encoding_format!r}")
+
+
 def text_of(content: object) -> str:
     """The text of a message ``content``: a string, or a list of ``{"type": "text"}`` parts."""
     if isinstance(content, str):
@@ -190,22 +203,48 @@ def prompt_texts(prompt: object) -> list[str]:
     raise BadRequest(f"expected a string or a list for the prompt, got {prompt!r}")
 
 
-def called_tool(body: dict[str, Any]) -> str | None:
-    """The function a chat request makes the model call: with ``tools``, ``tool_choice``
-    ``"required"`` calls the first one and a named function that one; otherwise none."""
+def response_input(body: dict[str, Any]) -> tuple[list[str], str]:
+    """A Responses API request's texts (``instructions``, then each input message's) and
+    the one it answers: ``input`` when it is a string, else its last user message."""
+    items = body.get("input")
+    if isinstance(items, str):
+        return [text_of(body.get("instructions")), items], items
+    if not isinstance(items, list):
+        raise BadRequest(f"'input' must be a string or a list, got {items!r}")
+    messages = [item for item in items if isinstance(item, dict)]
+    users = [text_of(item.get("content")) for item in messages if item.get("role") == "user"]
+    texts = [text_of(item.get("content")) for item in messages]
+    return [text_of(body.get("instructions")), *texts], users[-1] if users else ""
+
+
+def called_tool(kind: str, body: dict[str, Any]) -> str | None:
+    """The tool a request makes the model call, or None for an answer in text. With
+    ``tools``: in a chat completion, ``tool_choice`` ``"required"`` calls the first and a
+    named function that one; in Messages, ``{"type": "any"}`` calls the first and
+    ``{"type": "tool", "name": ...}`` that one. ``"auto"`` and none answer in text."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not isinstance(tools, list) or not tools:
         return None
-    if choice == "required":
-        choice = tools[0]
-    function = choice.get("function") if isinstance(choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
+    if kind == "messages":
+        if not isinstance(choice, dict) or choice.get("type") not in ("any", "tool"):
+            return None
+        named = tools[0] if choice["type"] == "any" else choice
+        name = named.get("name") if isinstance(named, dict) else None
+    else:
+        if choice == "required":
+            choice = tools[0]
+        function = choice.get("function") if isinstance(choice, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
     return name if isinstance(name, str) else None
 
 
-def token_limit(body: dict[str, Any], default: int) -> tuple[int, bool]:
+def token_limit(
+    body: dict[str, Any],
+    default: int,
+    keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens"),
+) -> tuple[int, bool]:
     """The response length and whether the request set it (then ``finish_reason`` is length)."""
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in keys:
         value = body.get(key)
         if value is None:
             continue
@@ -231,7 +270,9 @@ def n_predict(body: dict[str, Any], default: int) -> tuple[int, bool]:
 class Completion:
     """One generation request: what to say and how to wrap each piece of it."""
 
-    kind: str  # "chat", "text", "messages" (Anthropic) or "native" (llama.cpp's /completion)
+    #: "chat", "text", "responses" (OpenAI's Responses API), "messages" (Anthropic) or
+    #: "native" (llama.cpp's /completion)
+    kind: str
     id: str
     model: str
     created: int
@@ -241,7 +282,7 @@ class Completion:
     finish_reason: str
     stream: bool
     include_usage: bool
-    #: Chat only: the function the answer calls, its arguments ``{"text": <the words>}``.
+    #: Chat and Messages: the tool the answer calls, its arguments ``{"text": <the words>}``.
     tool: str | None = None
     #: The answer's tokens the request already holds (a prefill, a prompt's tail): the
     #: words start at this token of the answer to ``seed``.
@@ -279,10 +320,13 @@ class Completion:
         if self.kind == "native":
             return self._native(text, self.tokens, stop=True)
         if self.kind == "messages":
+            block = self._text_block(text) if self.tool is None else self._tool_use({"text": text})
             return {
-                **self._message([{"type": "text", "text": text}], self.finish_reason),
+                **self._message([block], self.finish_reason),
                 "usage": {"input_tokens": self.prompt_tokens, "output_tokens": self.tokens},
             }
+        if self.kind == "responses":
+            return self._response(self.finish_reason, [self._output(text, "completed")])
         choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
         if self.kind == "chat" and self.tool is not None:
             call = self._call(dumps({"text": text}).decode())
@@ -303,7 +347,7 @@ class Completion:
             **_phase("predicted", self.tokens, predicted_seconds),
         }
 
-    def _message(self, content: list[dict[str, str]], stop: str | None) -> dict[str, Any]:
+    def _message(self, content: list[dict[str, Any]], stop: str | None) -> dict[str, Any]:
         """A Messages answer, without its usage."""
         return {
             "id": self.id,
@@ -336,22 +380,104 @@ class Completion:
         function = {"name": self.tool, "arguments": arguments}
         return {"id": f"call-{self.id}", "type": "function", "function": function}
 
+    @staticmethod
+    def _text_block(text: str) -> dict[str, Any]:
+        return {"type": "text", "text": text}
+
+    def _tool_use(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A Messages ``tool_use`` block (streaming: with no ``input`` yet)."""
+        return {
+            "type": "tool_use",
+            "id": f"toolu-{self.id}",
+            "name": self.tool,
+            "input": arguments,
+        }
+
+    def _response(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+        """A Responses API ``response`` object, ``status`` ``in_progress`` (no usage yet),
+        ``completed``, or ``incomplete`` (the request's ``max_output_tokens`` ran out)."""
+        usage = None
+        if status != "in_progress":
+            usage = {
+                "input_tokens": self.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached, "cache_write_tokens": 0},
+                "output_tokens": self.tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.prompt_tokens + self.tokens,
+            }
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage,
+        }
+
+    def _output(self, text: str | None, status: str) -> dict[str, Any]:
+        """The Responses answer's one output item, a message (``text=None``: no content
+        part yet)."""
+        content = [] if text is None else [self._output_text(text)]
+        return {"type": "message", "id": f"msg-{self.id}", "status": status,
+                "role": "assistant", "content": content}  # fmt: skip
+
+    @staticmethod
+    def _output_text(text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": []}
+
+    def _response_event(self, kind: str, sequence: int, **data: Any) -> bytes:
+        """A Responses stream event: named, numbered, and (for the text's events) about
+        the one message's one content part."""
+        if kind.startswith(("response.output_text.", "response.content_part.")):
+            data = {"item_id": f"msg-{self.id}", "output_index": 0, "content_index": 0, **data}
+        elif kind.startswith("response.output_item."):
+            data = {"output_index": 0, **data}
+        return _event(kind, {"sequence_number": sequence, **data})
+
     def head(self) -> bytes:
-        """The events before the first token: Messages' ``message_start`` and the text
-        block's ``content_block_start``; a tool call's start (its id, name and the
+        """The events before the first token: Messages' ``message_start`` and its block's
+        ``content_block_start`` (for a ``tool_use`` block, then its input's opening); the
+        Responses API's ``response.created``, ``response.in_progress`` and the message's
+        and its text's ``...added``; a chat tool call's start (its id, name and the
         arguments' opening); nothing for other OpenAI shapes."""
+        if self.kind == "messages":
+            usage = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
+            message = {**self._message([], None), "usage": usage}
+            block = self._text_block("") if self.tool is None else self._tool_use({})
+            head = _event("message_start", {"message": message}) + _event(
+                "content_block_start", {"index": 0, "content_block": block}
+            )
+            return head if self.tool is None else head + self._input_json('{"text":"')
+        if self.kind == "responses":
+            started = self._response("in_progress", [])
+            return (
+                self._response_event("response.created", 0, response=started)
+                + self._response_event("response.in_progress", 1, response=started)
+                + self._response_event(
+                    "response.output_item.added", 2, item=self._output(None, "in_progress")
+                )
+                + self._response_event(
+                    "response.content_part.added", 3, part=self._output_text("")
+                )
+            )
         if self.tool is not None:
             delta = {"role": "assistant", "tool_calls": [{"index": 0, **self._call('{"text":"')}]}
             choice = {"index": 0, "delta": delta, "finish_reason": None}
             return b"data: " + dumps(self._envelope([choice], chunk=True)) + b"\n\n"
-        if self.kind != "messages":
-            return b""
-        usage = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
-        message = {**self._message([], None), "usage": usage}
-        block = {"type": "text", "text": ""}
-        return _event("message_start", {"message": message}) + _event(
-            "content_block_start", {"index": 0, "content_block": block}
-        )
+        return b""
+
+    @staticmethod
+    def _input_json(partial: str) -> bytes:
+        """A piece of a Messages ``tool_use`` block's input."""
+        delta = {"type": "input_json_delta", "partial_json": partial}
+        return _event("content_block_delta", {"index": 0, "delta": delta})
 
     def tail(self, timings: dict[str, Any]) -> bytes:
         """The events after the last token: the ``finish_reason`` chunk, the usage chunk
@@ -367,9 +493,26 @@ class Completion:
             delta = {"stop_reason": self.finish_reason, "stop_sequence": None}
             usage = {"input_tokens": self.prompt_tokens, "output_tokens": self.tokens}
             return (
-                _event("content_block_stop", {"index": 0})
+                (b"" if self.tool is None else self._input_json('"}'))
+                + _event("content_block_stop", {"index": 0})
                 + _event("message_delta", {"delta": delta, "usage": usage, "timings": timings})
                 + _event("message_stop", {})
+            )
+        if self.kind == "responses":
+            text = "".join(self.pieces())
+            done = self._response(self.finish_reason, [self._output(text, "completed")])
+            sequence = 4 + self.tokens  # after the head's 4 events and a delta per token
+            return (
+                self._response_event("response.output_text.done", sequence, text=text, logprobs=[])
+                + self._response_event(
+                    "response.content_part.done", sequence + 1, part=self._output_text(text)
+                )
+                + self._response_event(
+                    "response.output_item.done", sequence + 2, item=self._output(text, "completed")
+                )
+                + self._response_event(
+                    f"response.{self.finish_reason}", sequence + 3, response=done, timings=timings
+                )
             )
         finish = self._envelope([self._choice(self.tokens, None)], chunk=True)
         chunks = [finish]
@@ -382,9 +525,15 @@ class Completion:
         """The SSE event for token ``index``."""
         if self.kind == "native":
             return b"data: " + dumps(self._native(piece, index + 1, stop=False)) + b"\n\n"
+        if self.kind == "messages" and self.tool is not None:
+            return self._input_json(json.dumps(piece)[1:-1])  # the next words, JSON-escaped
         if self.kind == "messages":
             delta = {"type": "text_delta", "text": piece}
             return _event("content_block_delta", {"index": 0, "delta": delta})
+        if self.kind == "responses":
+            return self._response_event(
+                "response.output_text.delta", 4 + index, delta=piece, logprobs=[]
+            )
         return (
             b"data: " + dumps(self._envelope([self._choice(index, piece)], chunk=True)) + b"\n\n"
         )

@@ -101,12 +101,14 @@ WEATHER: ToolParam = {
 }
 
 
-async def test_tool_use_under_translate(proxy_factory: StartProxy) -> None:
-    # The fake server calls the tool it is made to, with {"text": <its words>}.
+@pytest.mark.parametrize("model", ["native", "translated"])
+async def test_tool_use(proxy_factory: StartProxy, model: str) -> None:
+    # The fake server calls the tool it is made to, with {"text": <its words>}: in its own
+    # /v1/messages, or as a chat completion's tool call that llamaswap translates.
     proxy = await proxy_factory(MODELS)
     choice: ToolChoiceToolParam = {"type": "tool", "name": "get_weather"}
     ask: dict[str, Any] = {
-        "model": "translated",
+        "model": model,
         "max_tokens": 4,
         "system": "Use the tool.",
         "tools": [WEATHER],
@@ -155,11 +157,18 @@ async def test_tool_use_under_translate(proxy_factory: StartProxy) -> None:
                 {"role": "user", "content": [result]},
             ]
             answer = await client.messages.create(
-                model="translated", max_tokens=3, tools=[WEATHER], messages=turns
+                model=model, max_tokens=3, tools=[WEATHER], messages=turns
             )
             assert answer.stop_reason == "max_tokens"
             assert [block.type for block in answer.content] == ["text"]
-    await proxy.output.wait_for(r"\[translated\] fake_server: request POST /v1/chat/completions")
+            # Any tool, {"type": "any"}, is the first.
+            first = await client.messages.create(
+                messages=ASK, **{**ask, "tool_choice": {"type": "any"}}
+            )
+            assert first.content[0].type == "tool_use"
+            assert first.content[0].name == "get_weather"
+    route = "/v1/messages" if model == "native" else "/v1/chat/completions"
+    await proxy.output.wait_for(rf"\[{model}\] fake_server: request POST {route}")
 
 
 async def test_count_tokens_under_translate(proxy_factory: StartProxy) -> None:

@@ -23,6 +23,8 @@ import openai
 import pytest
 import trio
 from openai.types.chat import ChatCompletionChunk
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from llamaswap.fake_server import parse_args
 from llamaswap.resources.probe import FAKE_GPU_ENV, FileProbe
@@ -302,6 +304,68 @@ async def test_embeddings_are_deterministic() -> None:
     assert [item["index"] for item in batch["data"]] == [0, 1]
     assert batch["data"][0]["embedding"] != batch["data"][1]["embedding"]
     assert batch["usage"]["prompt_tokens"] == 3
+
+
+async def test_embeddings_in_base64_are_the_same_floats() -> None:
+    # The Node OpenAI SDK asks for base64 by default, and so does the Python one.
+    with trio.fail_after(15):
+        async with fake_server("--model-name", "tiny") as fake:
+            async with openai.AsyncOpenAI(base_url=f"{fake.url}/v1", api_key="unused") as client:
+                decoded = await client.embeddings.create(model="tiny", input=["a", "b c"])
+            async with httpx.AsyncClient(base_url=fake.url) as http:
+                floats = (await http.post("/v1/embeddings", json={"input": ["a", "b c"]})).json()
+                raw = await http.post(
+                    "/v1/embeddings", json={"input": "a", "encoding_format": "base64"}
+                )
+                refused = await http.post(
+                    "/v1/embeddings", json={"input": "a", "encoding_format": "binary"}
+                )
+    assert isinstance(raw.json()["data"][0]["embedding"], str)
+    for item, expected in zip(decoded.data, floats["data"], strict=True):
+        assert item.embedding == pytest.approx(expected["embedding"], abs=1e-7)
+    assert refused.status_code == 400
+
+
+async def test_the_responses_api_streaming_and_not() -> None:
+    ask = {"model": "tiny", "instructions": "Be brief.", "input": "hi there"}
+    with trio.fail_after(15):
+        async with fake_server("--model-name", "tiny") as fake:
+            async with openai.AsyncOpenAI(base_url=f"{fake.url}/v1", api_key="unused") as client:
+                response = await client.responses.create(
+                    model="tiny", instructions="Be brief.", input="hi there"
+                )
+                limited = await client.responses.create(
+                    model="tiny", input="hi there", max_output_tokens=3
+                )
+                chat = await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi there"}]
+                )
+            # Streamed through httpx (the SDK's reader leaves its generators open under
+            # Trio), each event checked against the SDK's own types.
+            async with httpx.AsyncClient(base_url=fake.url) as http:
+                streamed = await http.post("/v1/responses", json={**ask, "stream": True})
+
+    # The words a chat completion gets for the same question.
+    assert response.output_text == chat.choices[0].message.content
+    assert (response.status, response.model) == ("completed", "tiny")
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (4, 16)
+    assert (limited.status, limited.usage and limited.usage.output_tokens) == ("incomplete", 3)
+    assert limited.incomplete_details is not None
+    assert limited.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text.startswith(limited.output_text)
+
+    adapter: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
+    events = [adapter.validate_json(payload) for payload in sse_payloads(streamed.text)]
+    names = [line[len("event: ") :] for line in streamed.text.splitlines() if line[:6] == "event:"]
+    assert names == [event.type for event in events]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+    assert len(deltas) == 16  # one event per token
+    last = events[-1]
+    assert last.type == "response.completed"
+    assert last.response.output_text == "".join(deltas) == response.output_text
+    assert last.response.usage == response.usage
 
 
 async def test_models_props_not_found_and_bad_json() -> None:
