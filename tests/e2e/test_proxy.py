@@ -366,6 +366,31 @@ async def test_openai_sdk_streaming_and_not(proxy_factory: StartProxy) -> None:
     await sdk.close()
 
 
+@sdk_generators_left_open
+async def test_openai_sdk_responses_api_streaming_and_not(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(TWO_MODELS)
+    sdk = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
+    with trio.fail_after(30):
+        response = await sdk.responses.create(model="gpt-4o-mini", input="hi")
+        assert response.model == "alpha"  # the alias's model, as it answered
+        async with await sdk.responses.create(
+            model="beta", input="hi", max_output_tokens=5, stream=True
+        ) as stream:
+            events = [event async for event in stream]
+        deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+        assert len(deltas) == 5
+        assert events[-1].type == "response.incomplete"
+        assert events[-1].response.output_text == "".join(deltas)
+        async with proxy.client() as client:
+            records = (await client.get("/api/activity")).json()["activity"]
+    await sdk.close()
+    # The usage each model server reported is recorded, streamed or not.
+    assert [(r["model"], r["path"], r["completion_tokens"]) for r in records] == [
+        ("beta", "/v1/responses", 5),
+        ("alpha", "/v1/responses", 16),
+    ]
+
+
 async def test_a_model_is_retrieved_by_any_name_a_request_may_use(
     proxy_factory: StartProxy,
 ) -> None:

@@ -24,6 +24,19 @@ def test_usage_from_the_last_sse_events_and_anthropic_names() -> None:
     assert (usage.prompt_tokens, usage.completion_tokens) == (11, 5000)
 
 
+def test_usage_from_the_responses_apis_last_event() -> None:
+    tap = UsageTap("text/event-stream")
+    usage = {"input_tokens": 4, "output_tokens": 2, "total_tokens": 6}
+    for kind, response in [
+        ("response.created", {"status": "in_progress", "usage": None}),
+        ("response.completed", {"status": "completed", "usage": usage}),
+    ]:
+        event = {"type": kind, "sequence_number": 0, "response": response}
+        tap.feed(f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode())
+    found = tap.usage()
+    assert (found.prompt_tokens, found.completion_tokens) == (4, 2)
+
+
 def test_no_usage_and_garbage_give_nothing() -> None:
     for content_type, body in [
         ("application/json", b"{not json"),
