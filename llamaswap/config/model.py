@@ -409,7 +409,17 @@ class Config:
     #: Bytes of saved slot files kept across every model's ``slotSavePath``; the oldest
     #: go first.
     slot_save_limit: int = DEFAULT_SLOT_SAVE_LIMIT
+    #: The model (ID or alias) a request that names none is served by; None: the only
+    #: model when there is one, else such a request is refused (``default_model``).
+    default_model: str | None = None
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
+
+    def fallback_model(self) -> str | None:
+        """The name a request that names no model is served by: ``defaultModel``, else
+        the only model (llama-server's clients often send none), else None."""
+        if self.default_model is not None:
+            return self.default_model
+        return next(iter(self.models)) if len(self.models) == 1 else None
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

@@ -58,6 +58,8 @@ def validate(
     _check_fifo_priority(config, names, problems)
     for index, name in enumerate(config.hooks.on_startup.preload):
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
+    if config.default_model is not None:
+        _check_reference(config.default_model, ("defaultModel",), names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
     _check_slot_save_paths(config, problems)

@@ -118,6 +118,10 @@ class FakeServer:
             ("POST", "/completion"): partial(self._complete, "native"),
             ("POST", "/v1/messages"): partial(self._complete, "messages"),
             ("POST", "/v1/embeddings"): self._embeddings,
+            # llama-server serves the OpenAI routes without /v1 too.
+            ("POST", "/chat/completions"): partial(self._complete, "chat"),
+            ("POST", "/completions"): partial(self._complete, "text"),
+            ("POST", "/embeddings"): self._embeddings,
             ("GET", "/slots"): self._list_slots,
         }
         if options.kv_cache_usage is not None:

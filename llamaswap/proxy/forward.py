@@ -291,7 +291,8 @@ class Forwarder:
                     "llamaswap reads the model from it: send it uncompressed"
                 )
             payload = Payload(await body.read(), content_type)
-            name = read_model(route.model_in, payload, query)
+            default = self._config.fallback_model()
+            name = read_model(route.model_in, payload, query, default=default)
             exchange.metadata["requested_model"] = name
             target = self._names.resolve(name)
             path = scope["path"]

@@ -48,17 +48,41 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
             "/v1/messages/count_tokens",
             "/v1/audio/speech",
             "/v1/images/generations",
+            # llama-server serves the OpenAI routes without /v1 too, and its own.
+            "/chat/completions",
+            "/completions",
+            "/responses",
+            "/embeddings",
+            "/embedding",
+            "/tokenize",
+            "/detokenize",
+            "/apply-template",
         )
     },
     ("POST", "/v1/audio/transcriptions"): _M,
     ("POST", "/v1/images/edits"): _M,
     ("GET", "/v1/audio/voices"): _Q,
+    # llama.cpp's routes whose body (if any) names no model: ?model=NAME, or the default.
     ("GET", "/props"): _Q,
+    ("POST", "/props"): _Q,
+    ("GET", "/slots"): _Q,
+    ("GET", "/lora-adapters"): _Q,
+    ("POST", "/lora-adapters"): _Q,
+    ("GET", "/tools"): _Q,
+    ("POST", "/tools"): _Q,
 }
+
 
 #: The methods each inference path answers to, for a JSON 405 on the others. A GET path
 #: answers HEAD too, forwarded as it came.
-METHODS = {path: "GET, HEAD" if method == "GET" else method for method, path in INFERENCE}
+def _allowed_methods() -> dict[str, str]:
+    allowed: dict[str, list[str]] = {}
+    for method, path in INFERENCE:
+        allowed.setdefault(path, []).append("GET, HEAD" if method == "GET" else method)
+    return {path: ", ".join(methods) for path, methods in allowed.items()}
+
+
+METHODS = _allowed_methods()
 
 
 @attrs.frozen

@@ -1,0 +1,73 @@
+"""What llama-server's own clients send, through llamaswap (issue 31 §2): requests that
+name no model (served by the default model), and llama.cpp's routes and the OpenAI
+routes without ``/v1``. Real proxy, real fake model servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import StartProxy
+from tests.e2e.test_proxy import config
+
+ONE_MODEL = config('[models.only]\ncmd = "${fake}"\n')
+MODELS = """
+[models.alpha]
+cmd = "${fake}"
+aliases = ["gpt-4o-mini"]
+[models.beta]
+cmd = "${fake}"
+"""
+PROMPT = {"prompt": "hello", "max_tokens": 2}
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/completion", PROMPT),
+        ("POST", "/v1/chat/completions", CHAT),
+        ("POST", "/chat/completions", CHAT),
+        ("POST", "/completions", PROMPT),
+        ("POST", "/v1/embeddings", {"input": "hello"}),
+        ("POST", "/embeddings", {"input": "hello"}),
+        ("GET", "/props", None),
+        ("GET", "/slots", None),
+    ],
+)
+async def test_with_one_model_a_request_naming_none_is_served_by_it(
+    proxy_factory: StartProxy, method: str, path: str, body: object
+) -> None:
+    proxy = await proxy_factory(ONE_MODEL)
+    async with proxy.client() as client:
+        answer = await client.request(method, path, json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-llamaswap-upstream"] == "only"
+
+
+async def test_with_several_models_the_default_serves_what_names_none(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config(MODELS, defaultModel="gpt-4o-mini"))
+    async with proxy.client() as client:
+        answer = await client.post("/chat/completions", json=CHAT)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-llamaswap-upstream"] == "alpha"  # the alias's model
+        named = await client.post("/chat/completions", json={**CHAT, "model": "beta"})
+        assert named.headers["x-llamaswap-upstream"] == "beta"
+        props = await client.get("/props", params={"model": "beta"})
+        assert props.json()["model"] == "beta"
+
+
+async def test_with_several_models_and_no_default_the_400_says_how_to_set_one(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config(MODELS))
+    async with proxy.client() as client:
+        answer = await client.post("/completion", json=PROMPT)
+        wrong_method = await client.delete("/props")
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == ("model", "invalid_request")
+    assert "set defaultModel in the config" in error["message"]
+    assert wrong_method.status_code == 405
+    assert wrong_method.headers["allow"] == "GET, HEAD, POST"
