@@ -137,6 +137,9 @@ def _hypercorn_config(listen: str, current: Callable[[], Config]) -> ServerConfi
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
     settings.h11_max_incomplete_size = 64 * 1024  # the largest request head
     settings.alpn_protocols = ["http/1.1"]  # HTTP/1.1 only, should TLS come
+    # A model server's Server field comes back as it sent it (llama-server's clients may
+    # read it); hypercorn's would be a second one.
+    settings.include_server_header = False
     return settings
 
 

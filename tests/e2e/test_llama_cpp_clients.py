@@ -71,3 +71,17 @@ async def test_with_several_models_and_no_default_the_400_says_how_to_set_one(
     assert "set defaultModel in the config" in error["message"]
     assert wrong_method.status_code == 405
     assert wrong_method.headers["allow"] == "GET, HEAD, POST"
+
+
+async def test_the_answer_keeps_the_servers_name_and_says_its_reason(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(ONE_MODEL)
+    async with proxy.client() as client:
+        relayed = await client.post("/completion", json=PROMPT)
+        own = await client.get("/no/such/route")
+    # the fake server runs on hypercorn, and says so, as llama-server names itself
+    assert relayed.headers.get_list("server") == ["hypercorn-h11"]
+    assert (relayed.status_code, relayed.reason_phrase) == (200, "OK")
+    assert "server" not in own.headers  # llamaswap's own answer names no server
+    assert (own.status_code, own.reason_phrase) == (404, "Not Found")
