@@ -22,6 +22,7 @@
         ├── ModelStartFailed        502  the model exited or timed out while starting
         ├── UpstreamError           502  the model server refused or broke the connection
         ├── ModelUnloaded           503  we stopped the model while the request waited
+        ├── ModelNotLoaded          503  not ready, and the request may not load it (autoload)
         ├── ShuttingDown            503  llamaswap is stopping
         └── InternalError           500  a bug in llamaswap failed this one request (logged)
 
@@ -55,6 +56,7 @@ __all__ = [
     "LlamaSwapError",
     "MethodNotAllowed",
     "ModelNotFound",
+    "ModelNotLoaded",
     "ModelStartFailed",
     "ModelUnloaded",
     "QueueFull",
@@ -340,6 +342,16 @@ class ModelUnloaded(RequestError):
         self.reason = reason
         when = "was being served" if served else "waited"
         super().__init__(f"model {model!r} was unloaded while the request {when} ({reason})")
+
+
+class ModelNotLoaded(RequestError):
+    """The model is not ready, and this request may not load it: it asked so
+    (``?autoload=false``, ``X-LlamaSwap-Autoload: false``), or its ``/upstream`` path is
+    one of ``upstream.ignorePaths``."""
+
+    def __init__(self, model: str, why: str) -> None:
+        self.model = model
+        super().__init__(f"model {model!r} is not loaded, and {why}: nothing was loaded")
 
 
 class ShuttingDown(RequestError):

@@ -46,6 +46,7 @@ __all__ = [
     "SerialSettings",
     "StoreConfig",
     "Timeouts",
+    "UpstreamSection",
     "key",
     "toml_key",
     "within",
@@ -304,6 +305,21 @@ class OnStartup:
     preload: tuple[str, ...] = ()
 
 
+#: ``upstream.ignorePaths``' default, llama-swap's: a web UI's files.
+DEFAULT_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",)
+
+
+@attrs.frozen
+class UpstreamSection:
+    """``[upstream]``: the ``/upstream/{model}/...`` passthrough.
+
+    ``ignore_paths``: regular expressions; a request whose path after the model's name
+    matches one never loads the model (503 ``model_not_loaded`` unless it is ready).
+    """
+
+    ignore_paths: tuple[str, ...] = DEFAULT_IGNORE_PATHS
+
+
 @attrs.frozen
 class Hooks:
     on_startup: OnStartup = attrs.field(default=OnStartup(), metadata=key("on_startup"))
@@ -412,6 +428,7 @@ class Config:
     #: The model (ID or alias) a request that names none is served by; None: the only
     #: model when there is one, else such a request is refused (``default_model``).
     default_model: str | None = None
+    upstream: UpstreamSection = UpstreamSection()
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
 
     def fallback_model(self) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import StartProxy
+from tests.e2e.harness import running
 from tests.e2e.test_proxy import config
 
 ONE_MODEL = config('[models.only]\ncmd = "${fake}"\n')
@@ -85,3 +86,42 @@ async def test_the_answer_keeps_the_servers_name_and_says_its_reason(
     assert (relayed.status_code, relayed.reason_phrase) == (200, "OK")
     assert "server" not in own.headers  # llamaswap's own answer names no server
     assert (own.status_code, own.reason_phrase) == (404, "Not Found")
+
+
+async def test_a_request_that_may_not_load_its_model_gets_503_and_loads_nothing(
+    proxy_factory: StartProxy,
+) -> None:
+    """Autoload control: ``?autoload=false``, ``X-LlamaSwap-Autoload: false``, and an
+    ``/upstream`` path in ``upstream.ignorePaths`` (a web UI's files by default) never
+    load a cold model; once it is loaded, they are served."""
+    proxy = await proxy_factory(config(MODELS))
+    async with proxy.client() as client:
+        refused = [
+            await client.post("/v1/completions?autoload=false", json={**PROMPT, "model": "beta"}),
+            await client.post(
+                "/v1/completions",
+                json={**PROMPT, "model": "beta"},
+                headers={"X-LlamaSwap-Autoload": "false"},
+            ),
+            await client.get("/upstream/beta/assets/app.js"),
+            await client.get("/upstream/beta/favicon.ico"),
+        ]
+        for answer in refused:
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "model_not_loaded"
+        assert "beta" not in await running(client)
+        assert "beta" in refused[2].json()["error"]["message"]
+        assert (await client.post("/api/models/load/beta")).status_code == 200
+        served = await client.post("/v1/completions?autoload=0", json={**PROMPT, "model": "beta"})
+        assert served.status_code == 200
+        assert (await client.get("/upstream/beta/props")).status_code == 200  # not ignored
+
+
+async def test_ignore_paths_are_the_configs(proxy_factory: StartProxy) -> None:
+    proxy = await proxy_factory(config(MODELS + '[upstream]\nignorePaths = ["^/ws$"]\n'))
+    async with proxy.client() as client:
+        assert (await client.get("/upstream/alpha/ws")).status_code == 503
+        assert "alpha" not in await running(client)
+        # not ignored here: loaded for it (the fake server has no such file)
+        assert (await client.get("/upstream/alpha/app.js")).status_code == 404
+        assert "alpha" in await running(client)
