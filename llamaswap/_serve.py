@@ -27,7 +27,7 @@ import logging
 import math
 import signal
 import typing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 
 import hypercorn.trio
@@ -111,10 +111,12 @@ def _bad(listen: str, reason: str) -> typing.NoReturn:
     raise ListenError(listen or "''", OSError(errno.EINVAL, reason))
 
 
-def _hypercorn_config(listen: str, current: Callable[[], Config]) -> ServerConfig:
+def _hypercorn_config(listen: Sequence[str], current: Callable[[], Config]) -> ServerConfig:
     settings = ServerConfig(current)
-    host, port = listen_address(listen)
-    settings.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    addresses = [listen_address(address) for address in listen]
+    settings.bind = [
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in addresses
+    ]
     settings.accesslog = None
     # Through our logging setup rather than hypercorn's own handler (no double lines).
     settings.errorlog = logging.getLogger("hypercorn.error")
@@ -187,24 +189,25 @@ async def _writing(writer: ActivityWriter | None) -> AsyncIterator[None]:
 async def serve(
     config: Config,
     *,
-    listen: str,
+    listen: Sequence[str],
     config_path: str | None = None,
     watch_config: bool = False,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``config`` on ``listen`` (``HOST:PORT``, see :func:`listen_address`) until
-    SIGINT or SIGTERM.
+    """Serve ``config`` on every address of ``listen`` (``HOST:PORT``, see
+    :func:`listen_address`) until SIGINT or SIGTERM.
 
     ``config_path`` is the file SIGHUP and ``POST /api/config/reload`` reload from (and,
     with ``watch_config``, reload whenever it changes). ``task_status.started`` receives
-    the URL served, once requests are accepted.
+    the URLs served, once requests are accepted.
 
     Raises:
         ConfigError: ``store.path`` cannot be opened as the activity store.
         ListenError: ``listen`` is not ``HOST:PORT`` or cannot be listened on (in use,
             not allowed).
     """
-    listen_address(listen)  # before anything starts
+    for address in listen:
+        listen_address(address)  # before anything starts
     http_server.install()
     activity = ActivityLog()
     store = writer = None
@@ -248,7 +251,7 @@ async def serve(
             logs=logs,
             activity=activity,
             store=store,
-            listen_host=listen_address(listen)[0],
+            listen_hosts=tuple(listen_address(address)[0] for address in listen),
         )
         await nursery.start(hub.run)
         await nursery.start(partial(resources.run, router.pids))
@@ -269,14 +272,14 @@ async def serve(
             except BaseException as exc:  # hypercorn's nurseries wrap the bind's OSError
                 cause = only_cause(exc)
                 if isinstance(cause, OSError):
-                    raise ListenError(listen, cause) from exc
+                    raise ListenError(", ".join(listen), cause) from exc
                 raise
-            url = binds[0]
+            urls: list[str] = binds
             if watch_config and app.reloader is not None:
                 await nursery.start(app.reloader.watch)
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
-            task_status.started(url)
+            task_status.started(urls)
 
             async def shut_down() -> None:
                 if app.reloader is not None:

@@ -109,10 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
     parser.add_argument(
         "--listen",
-        default=DEFAULT_LISTEN,
+        action="append",
         metavar="HOST:PORT",
         help=f"address to serve on (default {DEFAULT_LISTEN}; an IPv6 host in brackets: "
-        "[::1]:8080; port 0 picks a free port)",
+        "[::1]:8080; port 0 picks a free port); given several times, every one of them",
     )
     parser.add_argument(
         "--watch-config",
@@ -158,8 +158,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(_unknown_command(args), file=sys.stderr)
         sys.exit(2)
     options = _parser().parse_args(args)
+    options.listen = options.listen or [DEFAULT_LISTEN]
     try:
-        listen_address(options.listen)  # a bad --listen before the config is read
+        for address in options.listen:  # a bad --listen before the config is read
+            listen_address(address)
     except LlamaSwapError as exc:
         print(f"llamaswap: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -187,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 async def _run(config: Config, options: argparse.Namespace) -> None:
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(
+        urls = await nursery.start(
             partial(
                 serve,
                 config,
@@ -196,4 +198,5 @@ async def _run(config: Config, options: argparse.Namespace) -> None:
                 watch_config=options.watch_config,
             )
         )
-        print(f"llamaswap: listening on {url}", flush=True)
+        for url in urls:
+            print(f"llamaswap: listening on {url}", flush=True)

@@ -82,7 +82,7 @@ class Application:
         reloader: Reloader | None,
         router: Router,
         model_server: ModelServerMetrics,
-        listen_host: str | None = None,
+        listen_hosts: tuple[str, ...] = (),
     ) -> None:
         self.router = router
         #: ``/gateway/metrics``; ``serve()`` runs its reader of the models' KV figures.
@@ -90,7 +90,7 @@ class Application:
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
-        self.listen_host = listen_host  # a name there is one clients use (proxy/site.py)
+        self.listen_hosts = listen_hosts  # a name there is one clients use (proxy/site.py)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -122,7 +122,7 @@ class Application:
             send = _naming_node(config.gateway.name.encode(), send)
         route = routes.route(scope)
         inference = site.is_inference(scope["path"], proxied=route is not None)
-        refused = site.refusal(scope, config, self.listen_host, inference=inference)
+        refused = site.refusal(scope, config, self.listen_hosts, inference=inference)
         if refused is None and config.api_keys:
             try:
                 credentials(scope["headers"])  # one key field of each kind, for every route
@@ -294,7 +294,7 @@ def create_app(
     logs: Logs | None = None,
     activity: ActivityLog | None = None,
     store: ActivityStore | None = None,
-    listen_host: str | None = None,
+    listen_hosts: tuple[str, ...] = (),
 ) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
 
@@ -303,8 +303,8 @@ def create_app(
     (``proxy/live.py``); without them, idle ones are made (no coalesced events).
     ``activity``: the log finished requests are recorded in (a new one by default);
     ``store``: the opened SQLite store that ``GET /api/activity`` reads as well (its
-    writer, listening to ``activity``, is ``serve()``'s). ``listen_host``: the host of
-    the address served on; a name there is a ``Host`` requests may carry (proxy/site.py).
+    writer, listening to ``activity``, is ``serve()``'s). ``listen_hosts``: the hosts
+    of the addresses served on; a name there is a ``Host`` requests may carry (site.py).
     """
     metrics = Metrics(router)
     router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
@@ -528,4 +528,4 @@ def create_app(
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder, estimator=estimator)
-    return Application(quart, forwarder, reloader, router, model_server, listen_host)
+    return Application(quart, forwarder, reloader, router, model_server, listen_hosts)

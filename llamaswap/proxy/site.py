@@ -82,12 +82,12 @@ def _named(origins: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def refusal(
-    scope: HTTPScope, config: Config, listen_host: str | None, *, inference: bool
+    scope: HTTPScope, config: Config, listen_hosts: tuple[str, ...], *, inference: bool
 ) -> RequestError | None:
     """Why llamaswap must not serve this request, or ``None``.
 
-    ``listen_host``: the host of the address llamaswap listens on (a name there is one
-    clients use). ``inference``: the route is on the inference side (:func:`is_inference`).
+    ``listen_hosts``: the hosts of the addresses llamaswap listens on (a name there is
+    one clients use). ``inference``: the route is on the inference side (:func:`is_inference`).
     """
     hosts: list[bytes] = []
     origin = fetch_site = content_type = None
@@ -104,7 +104,7 @@ def refusal(
                 fetch_site = value
         elif name == b"content-type":
             content_type = value
-    if hosts and not _host_allowed(hosts, config.allowed_hosts, listen_host):
+    if hosts and not _host_allowed(hosts, config.allowed_hosts, listen_hosts):
         return HostNotAllowed(b", ".join(hosts).decode("latin-1"))
     method, path = scope["method"], scope["path"]
     if method in _SAFE and (inference or path not in _UNSAFE_GET):
@@ -146,16 +146,20 @@ def _hint(inference: bool) -> str:
     )
 
 
-def _host_allowed(hosts: list[bytes], allowed: tuple[str, ...], listen_host: str | None) -> bool:
+def _host_allowed(
+    hosts: list[bytes], allowed: tuple[str, ...], listen_hosts: tuple[str, ...]
+) -> bool:
     if "*" in allowed:
         return True
     if len(hosts) != 1:
         return False  # RFC 9112 §3.2: exactly one
-    return _one_host_allowed(hosts[0], allowed, listen_host)
+    return _one_host_allowed(hosts[0], allowed, listen_hosts)
 
 
 @functools.lru_cache(maxsize=256)
-def _one_host_allowed(host: bytes, allowed: tuple[str, ...], listen_host: str | None) -> bool:
+def _one_host_allowed(
+    host: bytes, allowed: tuple[str, ...], listen_hosts: tuple[str, ...]
+) -> bool:
     """Whether ``host`` is a Host llamaswap answers to. Cached: clients send the same one
     on every request, and parsing an address is a few microseconds."""
     parsed = _authority(host.decode("latin-1"))
@@ -164,9 +168,7 @@ def _one_host_allowed(host: bytes, allowed: tuple[str, ...], listen_host: str | 
     name = parsed[0]
     if name == "localhost" or name.endswith(".localhost") or _is_address(name):
         return True
-    if listen_host is not None and name == _normal(listen_host):
-        return True
-    for entry in allowed:
+    for entry in (*listen_hosts, *allowed):
         entry = _normal(entry)
         if entry == name or (entry.startswith("*.") and name.endswith(entry[1:])):
             return True

@@ -4,10 +4,13 @@ routes without ``/v1``. Real proxy, real fake model servers."""
 
 from __future__ import annotations
 
+import socket
+
+import httpx
 import pytest
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import running
+from tests.e2e.harness import LISTENING, running
 from tests.e2e.test_proxy import config
 
 ONE_MODEL = config('[models.only]\ncmd = "${fake}"\n')
@@ -125,3 +128,27 @@ async def test_ignore_paths_are_the_configs(proxy_factory: StartProxy) -> None:
         # not ignored here: loaded for it (the fake server has no such file)
         assert (await client.get("/upstream/alpha/app.js")).status_code == 404
         assert "alpha" in await running(client)
+
+
+def ipv6_loopback() -> bool:
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError:
+            return False
+    return True
+
+
+async def test_several_listen_addresses_are_each_served(proxy_factory: StartProxy) -> None:
+    """``--listen`` more than once (IPv4 and IPv6 loopback where this machine has both):
+    each is announced, and served."""
+    second = "[::1]" if ipv6_loopback() else "127.0.0.1"
+    proxy = await proxy_factory(ONE_MODEL, args=["--listen", f"{second}:0"])
+    urls = [match["url"] for line in proxy.output.lines if (match := LISTENING.search(line))]
+    assert len(urls) == 2
+    assert urls[0].startswith("http://127.0.0.1:")
+    assert urls[1].startswith(f"http://{second}:")
+    assert urls[0] != urls[1]
+    for url in urls:
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.post("/completion", json=PROMPT)).status_code == 200
