@@ -279,7 +279,9 @@ class Forwarder:
         priority = headers.get(PRIORITY_HEADER)
         exchange.priority = 0 if priority is None else parse_priority([priority])
         if route.model_in is None:
-            name, target, upstream_path = upstream_target(scope, self._names)
+            name, target, upstream_path = upstream_target(
+                scope, self._names, comfyui=route.comfyui
+            )
             if upstream_path is None:
                 await _redirect_to_slash(scope, reply)
                 return
@@ -301,7 +303,7 @@ class Forwarder:
             name = read_model(route.model_in, payload, query, default=default)
             exchange.metadata["requested_model"] = name
             target = self._names.resolve(name)
-            path = scope["path"]
+            path = scope["path"][len(route.strip) :]
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
@@ -312,7 +314,7 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
             return
         exchange.model = target.model_id
-        self._check_autoload(target.model_id, headers, query, None if route.model_in else path)
+        self._check_autoload(target.model_id, headers, query, route, path)
         model = self._config.models[target.model_id]
         translation = None  # set when /v1/messages goes to a chat-completions server
         messages = route.model_in is not None and path in _MESSAGES
@@ -366,20 +368,24 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
 
     def _check_autoload(
-        self, model_id: str, headers: dict[str, str], query: bytes, upstream_path: str | None
+        self, model_id: str, headers: dict[str, str], query: bytes, route: Route, path: str
     ) -> None:
         """Raises ModelNotLoaded if ``model_id`` is not ready and the request may not load
-        it: it says so, or it is an ``/upstream`` request (``upstream_path``: the path
-        after the model's name) to one of ``upstream.ignorePaths`` (a web UI's files).
-        A model unloaded just after this check is loaded again for the request."""
+        it: it says so; it is an ``/upstream`` request (``path``: the path after the
+        model's name) to one of ``upstream.ignorePaths`` (a web UI's files); or it is a
+        ``/comfyui`` request for anything but ComfyUI's page itself (as llama-swap has it:
+        a tab left open never loads it again). A model unloaded just after this check is
+        loaded again for the request."""
         if self._router.model_state(model_id) is ModelState.READY:
             return
         if headers.get("x-llamaswap-autoload", "").strip().lower() in _NO:
             raise ModelNotLoaded(model_id, "the request says X-LlamaSwap-Autoload: false")
         if b"autoload" in query and _query_value(query, "autoload") in _NO:
             raise ModelNotLoaded(model_id, "the request says ?autoload=false")
+        if route.comfyui and path != "/":
+            raise ModelNotLoaded(model_id, "only /comfyui/ itself loads it")
         ignored = ignored_paths(self._config.upstream.ignore_paths)
-        if upstream_path is not None and ignored.search(upstream_path):
+        if route.model_in is None and ignored.search(path):
             raise ModelNotLoaded(model_id, "its path is one of upstream.ignorePaths")
 
     def _preemptible(

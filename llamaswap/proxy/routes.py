@@ -15,6 +15,7 @@ from llamaswap.router.names import Local, Names, Peer
 from .extract import ModelIn
 
 __all__ = [
+    "COMFYUI_MODEL",
     "INFERENCE",
     "METHODS",
     "UPSTREAM_PREFIX",
@@ -25,6 +26,12 @@ __all__ = [
 ]
 
 UPSTREAM_PREFIX = "/upstream/"
+#: ``/comfyui/{path}``: ``/upstream/comfyui_auto/{path}``, as llama-swap serves ComfyUI.
+COMFYUI_PREFIX = "/comfyui"
+COMFYUI_MODEL = "comfyui_auto"
+#: Prefixes of routes forwarded without them.
+VERSIONLESS_PREFIX = "/v"
+AUDIOAPI_PREFIX = "/audioapi"
 #: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 _HEX = re.compile(rb"[0-9A-Fa-f]{2}")
@@ -57,6 +64,26 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
             "/tokenize",
             "/detokenize",
             "/apply-template",
+            # image servers (stable-diffusion.cpp, the AUTOMATIC1111 API)
+            "/sdapi/v1/txt2img",
+            "/sdapi/v1/img2img",
+            # audio.cpp's task API, forwarded without /audioapi
+            f"{AUDIOAPI_PREFIX}/v1/tasks/run",
+        )
+    },
+    # llama-swap's versionless routes, forwarded without /v (/v/chat/completions goes to
+    # the model server as /chat/completions).
+    **{
+        ("POST", f"{VERSIONLESS_PREFIX}/{path}"): _J
+        for path in (
+            "chat/completions",
+            "responses",
+            "completions",
+            "messages",
+            "messages/count_tokens",
+            "embeddings",
+            "rerank",
+            "reranking",
         )
     },
     ("POST", "/v1/audio/transcriptions"): _M,
@@ -70,6 +97,7 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
     ("POST", "/lora-adapters"): _Q,
     ("GET", "/tools"): _Q,
     ("POST", "/tools"): _Q,
+    ("GET", "/sdapi/v1/loras"): _Q,
 }
 
 
@@ -89,21 +117,36 @@ METHODS = _allowed_methods()
 class Route:
     """How a proxied route names its model: in the body/query, or in the path."""
 
-    model_in: ModelIn | None  # None: /upstream/{model}/{path}
+    model_in: ModelIn | None  # None: /upstream/{model}/{path}, or /comfyui/{path}
     wrong_method: bool = False
+    #: The prefix the path goes to the model server without (``/v``, ``/audioapi``).
+    strip: str = ""
+    #: ``/comfyui``: the one model it reaches, which only ``/comfyui/`` itself may load.
+    comfyui: bool = False
+
+
+def _strip(path: str) -> str:
+    for prefix in (f"{VERSIONLESS_PREFIX}/", f"{AUDIOAPI_PREFIX}/"):
+        if path.startswith(prefix):
+            return prefix[:-1]
+    return ""
 
 
 # Made once, looked up by every request (a frozen attrs value is slow to build: each field
 # goes through object.__setattr__).
-_ROUTES = {key: Route(model_in) for key, model_in in INFERENCE.items()}
+_ROUTES = {key: Route(model_in, strip=_strip(key[1])) for key, model_in in INFERENCE.items()}
 _UPSTREAM_ROUTE = Route(None)
+_COMFYUI_ROUTE = Route(None, comfyui=True)
 _WRONG_METHOD = Route(None, wrong_method=True)
 
 
 def route(scope: HTTPScope) -> Route | None:
     """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
-    if scope["path"].startswith(UPSTREAM_PREFIX):
+    path = scope["path"]
+    if path.startswith(UPSTREAM_PREFIX):
         return _UPSTREAM_ROUTE
+    if path == COMFYUI_PREFIX or path.startswith(f"{COMFYUI_PREFIX}/"):
+        return _COMFYUI_ROUTE
     method = "GET" if scope["method"] == "HEAD" else scope["method"]
     found = _ROUTES.get((method, scope["path"]))
     if found is not None:
@@ -111,17 +154,24 @@ def route(scope: HTTPScope) -> Route | None:
     return _WRONG_METHOD if scope["path"] in METHODS else None
 
 
-def upstream_target(scope: HTTPScope, names: Names) -> tuple[str, Local | Peer, str | None]:
-    """What ``/upstream/{model}{rest}`` asks for: the name in the path, the model it
-    names, and ``rest`` as the client escaped it; None for ``rest`` when it is empty
-    (``/upstream/{model}``: answered with a redirect to ``slash_location``).
+def upstream_target(
+    scope: HTTPScope, names: Names, *, comfyui: bool = False
+) -> tuple[str, Local | Peer, str | None]:
+    """What ``/upstream/{model}{rest}`` (or ``/comfyui{rest}``, for ``comfyui_auto``) asks
+    for: the name in the path, the model it names, and ``rest`` as the client escaped it;
+    None for ``rest`` when it is empty (``/upstream/{model}``: answered with a redirect to
+    ``slash_location``).
 
     Raises:
         ModelNotFound: no model by that name.
         BadRequest: ``rest`` has dot segments.
     """
-    name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
-    target, path = names.resolve_path(name, rest)
+    if comfyui:
+        name = COMFYUI_MODEL
+        target, path = names.resolve(name), scope["path"][len(COMFYUI_PREFIX) :] or "/"
+    else:
+        name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
+        target, path = names.resolve_path(name, rest)
     _refuse_dot_segments(scope["path"], path)
     if path == "/" and not scope["path"].endswith("/"):
         return name, target, None

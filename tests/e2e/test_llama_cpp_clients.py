@@ -8,6 +8,7 @@ import socket
 
 import httpx
 import pytest
+import trio
 
 from tests.e2e.conftest import StartProxy
 from tests.e2e.harness import LISTENING, running
@@ -152,3 +153,42 @@ async def test_several_listen_addresses_are_each_served(proxy_factory: StartProx
     for url in urls:
         async with httpx.AsyncClient(base_url=url) as client:
             assert (await client.post("/completion", json=PROMPT)).status_code == 200
+
+
+async def test_llama_swaps_other_routes_reach_the_model_server(
+    proxy_factory: StartProxy,
+) -> None:
+    """The versionless ``/v/...`` and ``/audioapi/...`` routes go to the model server
+    without their prefix; the image servers' ``/sdapi/v1/...`` as they are."""
+    proxy = await proxy_factory(config(MODELS))
+    sent = [
+        ("POST", "/v/chat/completions", {**CHAT, "model": "alpha"}, "/chat/completions"),
+        ("POST", "/audioapi/v1/tasks/run", {"model": "alpha"}, "/v1/tasks/run"),
+        ("POST", "/sdapi/v1/txt2img", {"model": "alpha", "prompt": "a cat"}, "/sdapi/v1/txt2img"),
+        ("GET", "/sdapi/v1/loras?model=alpha", None, "/sdapi/v1/loras"),
+    ]
+    async with proxy.client() as client:
+        for method, path, body, upstream in sent:
+            mark = len(proxy.output.lines)
+            answer = await client.request(method, path, json=body)
+            assert answer.headers["x-llamaswap-upstream"] == "alpha", path
+            with trio.fail_after(5):
+                await proxy.output.wait_for(
+                    rf"\[alpha\] .*request {method} {upstream} ", start=mark
+                )
+
+
+async def test_comfyui_is_reached_at_its_own_prefix_and_only_its_page_loads_it(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.comfyui_auto]\ncmd = "${fake}"\n'))
+    async with proxy.client() as client:
+        redirect = await client.get("/comfyui?x=1")
+        assert (redirect.status_code, redirect.headers["location"]) == (301, "/comfyui/?x=1")
+        stale = await client.get("/comfyui/api/queue")  # a tab left open: loads nothing
+        assert stale.status_code == 503
+        assert stale.json()["error"]["code"] == "model_not_loaded"
+        assert "comfyui_auto" not in await running(client)
+        page = await client.get("/comfyui/")  # the fake server has no page: its 404
+        assert page.headers["x-llamaswap-upstream"] == "comfyui_auto"
+        assert (await client.get("/comfyui/health")).json() == {"status": "ok"}
