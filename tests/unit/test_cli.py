@@ -109,7 +109,8 @@ def test_an_unknown_command_is_an_error_naming_the_commands(
     assert out == ""
     assert err.splitlines() == [
         f"llamaswap: unknown command {args[0]!r}{hint}",
-        "llamaswap's commands are check-config, import-config, simulate (each takes --help); "
+        "llamaswap's commands are check-config, gateway, import-config, simulate "
+        "(each takes --help); "
         "it serves with: llamaswap --config PATH",
     ]
 

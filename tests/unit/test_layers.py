@@ -20,13 +20,14 @@ LAYERS: list[set[str]] = [
     {"router"},
     {"observability", "reloader", "simulate", "migrate"},
     {"proxy"},
-    {"_serve", "cli", "__main__", "fake_server"},  # programs (the fake server is a test double)
+    # programs (the fake server is a test double)
+    {"_serve", "cli", "__main__", "fake_server", "gateway"},
 ]
 LAYER = {name: index for index, names in enumerate(LAYERS) for name in names}
 
 #: Imports inside a function that are there to start faster, not to dodge a cycle: the
 #: subcommands' own code, loaded only when that subcommand runs.
-LAZY = {("cli", "simulate"), ("cli", "migrate")}
+LAZY = {("cli", "simulate"), ("cli", "migrate"), ("cli", "gateway")}
 
 
 def module_name(path: Path) -> str:
