@@ -41,7 +41,7 @@ from llamaswap.errors import (
 from llamaswap.http.asgi import Inbox, send_error
 from llamaswap.http.auth import authorized, credentials
 from llamaswap.http.client import UpstreamPool
-from llamaswap.http.errors import error_answer, error_response
+from llamaswap.http.errors import error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
@@ -65,6 +65,7 @@ from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
 from .operations import client_address, model_status, register
+from .websocket import WebSocketRelay
 
 __all__ = ["Application", "create_app"]
 
@@ -91,28 +92,13 @@ class Application:
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
         self.listen_hosts = listen_hosts  # a name there is one clients use (proxy/site.py)
+        self.websockets = WebSocketRelay(router, listen_hosts)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "websocket":
-            # No route speaks WebSocket (Quart's hooks would fail outside a request
-            # context): refuse the handshake with the JSON error any bad request gets.
-            if (await receive())["type"] != "websocket.connect":
-                return  # the client left first
-            error = BadRequest(
-                "llamaswap does not accept WebSocket connections; send plain HTTP requests"
-            )
-            if "websocket.http.response" in scope.get("extensions", {}):
-                status, raw, body = error_answer(error)
-                await send(
-                    {"type": "websocket.http.response.start", "status": status, "headers": raw}
-                )
-                await send(
-                    {"type": "websocket.http.response.body", "body": body, "more_body": False}
-                )
-            else:  # the server answers 403 itself
-                await send({"type": "websocket.close", "code": 1008, "reason": str(error)})
+            await self.websockets(scope, receive, send)
             return
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # lifespan

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from functools import lru_cache, partial
 from typing import final
@@ -314,7 +314,7 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
             return
         exchange.model = target.model_id
-        self._check_autoload(target.model_id, headers, query, route, path)
+        check_autoload(self._router, target.model_id, headers, query, route, path)
         model = self._config.models[target.model_id]
         translation = None  # set when /v1/messages goes to a chat-completions server
         messages = route.model_in is not None and path in _MESSAGES
@@ -366,27 +366,6 @@ class Forwarder:
                     return
                 lease.pin()
             await self._forward(exchange, scope, upstream, body, reply)
-
-    def _check_autoload(
-        self, model_id: str, headers: dict[str, str], query: bytes, route: Route, path: str
-    ) -> None:
-        """Raises ModelNotLoaded if ``model_id`` is not ready and the request may not load
-        it: it says so; it is an ``/upstream`` request (``path``: the path after the
-        model's name) to one of ``upstream.ignorePaths`` (a web UI's files); or it is a
-        ``/comfyui`` request for anything but ComfyUI's page itself (as llama-swap has it:
-        a tab left open never loads it again). A model unloaded just after this check is
-        loaded again for the request."""
-        if self._router.model_state(model_id) is ModelState.READY:
-            return
-        if headers.get("x-llamaswap-autoload", "").strip().lower() in _NO:
-            raise ModelNotLoaded(model_id, "the request says X-LlamaSwap-Autoload: false")
-        if b"autoload" in query and _query_value(query, "autoload") in _NO:
-            raise ModelNotLoaded(model_id, "the request says ?autoload=false")
-        if route.comfyui and path != "/":
-            raise ModelNotLoaded(model_id, "only /comfyui/ itself loads it")
-        ignored = ignored_paths(self._config.upstream.ignore_paths)
-        if route.model_in is None and ignored.search(path):
-            raise ModelNotLoaded(model_id, "its path is one of upstream.ignorePaths")
 
     def _preemptible(
         self, model_id: str, headers: dict[str, str], path: str, payload: Payload | None
@@ -701,6 +680,33 @@ def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> 
     if scope["path"] != "/v1/chat/completions" or payload is None:
         return False
     return payload.field("stream") is True
+
+
+def check_autoload(
+    router: Router,
+    model_id: str,
+    headers: Mapping[str, str],
+    query: bytes,
+    route: Route,
+    path: str,
+) -> None:
+    """Raises ModelNotLoaded if ``model_id`` is not ready and the request may not load
+    it: it says so; it is an ``/upstream`` request (``path``: the path after the model's
+    name) to one of ``upstream.ignorePaths`` (a web UI's files); or it is a ``/comfyui``
+    request for anything but ComfyUI's page itself (as llama-swap has it: a tab left open
+    never loads it again). A model unloaded just after this check is loaded again for the
+    request."""
+    if router.model_state(model_id) is ModelState.READY:
+        return
+    if headers.get("x-llamaswap-autoload", "").strip().lower() in _NO:
+        raise ModelNotLoaded(model_id, "the request says X-LlamaSwap-Autoload: false")
+    if b"autoload" in query and _query_value(query, "autoload") in _NO:
+        raise ModelNotLoaded(model_id, "the request says ?autoload=false")
+    if route.comfyui and path != "/":
+        raise ModelNotLoaded(model_id, "only /comfyui/ itself loads it")
+    ignored = ignored_paths(router.config.upstream.ignore_paths)
+    if route.model_in is None and ignored.search(path):
+        raise ModelNotLoaded(model_id, "its path is one of upstream.ignorePaths")
 
 
 def _query_value(query: bytes, name: str) -> str:

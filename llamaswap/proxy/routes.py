@@ -7,7 +7,7 @@ import re
 from urllib.parse import quote, unquote_to_bytes
 
 import attrs
-from hypercorn.typing import HTTPScope
+from hypercorn.typing import HTTPScope, WebsocketScope
 
 from llamaswap.errors import BadRequest
 from llamaswap.router.names import Local, Names, Peer
@@ -20,6 +20,7 @@ __all__ = [
     "METHODS",
     "UPSTREAM_PREFIX",
     "Route",
+    "passthrough",
     "route",
     "slash_location",
     "upstream_target",
@@ -140,13 +141,22 @@ _COMFYUI_ROUTE = Route(None, comfyui=True)
 _WRONG_METHOD = Route(None, wrong_method=True)
 
 
-def route(scope: HTTPScope) -> Route | None:
-    """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
-    path = scope["path"]
+def passthrough(path: str) -> Route | None:
+    """The route of ``/upstream/{model}/{path}`` or ``/comfyui/{path}``; None for any other
+    path (the routes a WebSocket may take)."""
     if path.startswith(UPSTREAM_PREFIX):
         return _UPSTREAM_ROUTE
     if path == COMFYUI_PREFIX or path.startswith(f"{COMFYUI_PREFIX}/"):
         return _COMFYUI_ROUTE
+    return None
+
+
+def route(scope: HTTPScope) -> Route | None:
+    """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
+    path = scope["path"]
+    through = passthrough(path)
+    if through is not None:
+        return through
     method = "GET" if scope["method"] == "HEAD" else scope["method"]
     found = _ROUTES.get((method, scope["path"]))
     if found is not None:
@@ -155,7 +165,7 @@ def route(scope: HTTPScope) -> Route | None:
 
 
 def upstream_target(
-    scope: HTTPScope, names: Names, *, comfyui: bool = False
+    scope: HTTPScope | WebsocketScope, names: Names, *, comfyui: bool = False
 ) -> tuple[str, Local | Peer, str | None]:
     """What ``/upstream/{model}{rest}`` (or ``/comfyui{rest}``, for ``comfyui_auto``) asks
     for: the name in the path, the model it names, and ``rest`` as the client escaped it;
@@ -206,7 +216,7 @@ def _refuse_dot_segments(full: str, rest: str) -> None:
             )
 
 
-def _as_escaped(scope: HTTPScope, rest: str) -> str:
+def _as_escaped(scope: HTTPScope | WebsocketScope, rest: str) -> str:
     """``rest``, the decoded end of an ``/upstream/{model}{rest}`` path, as the client
     escaped it (``a%2Fb`` stays one segment), found by walking the raw path past the part
     that decodes to ``/upstream/{model}``; re-escaped from ``rest`` if they do not line up."""

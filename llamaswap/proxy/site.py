@@ -42,12 +42,12 @@ from __future__ import annotations
 import functools
 import ipaddress
 
-from hypercorn.typing import HTTPScope
+from hypercorn.typing import HTTPScope, WebsocketScope
 
 from llamaswap.config.model import Config
 from llamaswap.errors import CrossSiteRequest, HostNotAllowed, RequestError
 
-__all__ = ["cors_origins", "is_inference", "refusal"]
+__all__ = ["cors_origins", "is_inference", "refusal", "websocket_refusal"]
 
 #: Methods that change nothing (a preflight is answered before any route).
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -134,6 +134,32 @@ def refusal(
             hint = "send no body, or a JSON one (Content-Type: application/json)"
             return CrossSiteRequest(method, path, reason, hint)
     return None
+
+
+def websocket_refusal(
+    scope: WebsocketScope, config: Config, listen_hosts: tuple[str, ...]
+) -> RequestError | None:
+    """Why llamaswap must not accept this WebSocket handshake, or ``None``: a ``Host`` it
+    does not answer to, as for any request; and a page's handshake (it has an ``Origin``)
+    from anywhere but llamaswap's own origin or one ``corsOrigins`` lists by name.
+    Browsers apply no CORS to WebSockets, so any page could otherwise open one to a
+    model server's UI and drive it (cross-site WebSocket hijacking): ``"*"`` does not
+    count here."""
+    hosts = [value for name, value in scope["headers"] if name.lower() == b"host"]
+    if hosts and not _host_allowed(hosts, config.allowed_hosts, listen_hosts):
+        return HostNotAllowed(b", ".join(hosts).decode("latin-1"))
+    origin = next((value for name, value in scope["headers"] if name.lower() == b"origin"), None)
+    if origin is None:
+        return None  # not a browser
+    page = origin.decode("latin-1")
+    key = _origin_key(page)
+    scheme = "https" if scope["scheme"] == "wss" else "http"
+    own = len(hosts) == 1 and key == _origin_key(f"{scheme}://{hosts[0].decode('latin-1')}")
+    if key is not None and (own or key in _listed(config.cors_origins)):
+        return None
+    reason = f"it comes from a page at {page!r}, another site"
+    hint = "a page may open a WebSocket only from llamaswap's origin or one corsOrigins names"
+    return CrossSiteRequest("WebSocket", scope["path"], reason, hint)
 
 
 def _hint(inference: bool) -> str:
