@@ -14,7 +14,7 @@ from functools import partial
 import trio
 
 from llamaswap._limits import raise_open_files_limit
-from llamaswap._serve import listen_address, serve
+from llamaswap._serve import Tls, listen_address, serve
 from llamaswap._version import version
 from llamaswap.config import Config, load_config
 from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
@@ -115,6 +115,10 @@ def _parser() -> argparse.ArgumentParser:
         "[::1]:8080; port 0 picks a free port); given several times, every one of them",
     )
     parser.add_argument(
+        "--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (and its chain)"
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    parser.add_argument(
         "--watch-config",
         action="store_true",
         help="reload the config whenever its file changes (as SIGHUP does)",
@@ -157,11 +161,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         # The server takes options only: a first word is a subcommand llamaswap lacks.
         print(_unknown_command(args), file=sys.stderr)
         sys.exit(2)
-    options = _parser().parse_args(args)
+    parser = _parser()
+    options = parser.parse_args(args)
     options.listen = options.listen or [DEFAULT_LISTEN]
+    if (options.tls_cert is None) != (options.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    options.tls = None if options.tls_cert is None else Tls(options.tls_cert, options.tls_key)
     try:
         for address in options.listen:  # a bad --listen before the config is read
             listen_address(address)
+        if options.tls is not None:
+            options.tls.check()
     except LlamaSwapError as exc:
         print(f"llamaswap: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -196,6 +206,7 @@ async def _run(config: Config, options: argparse.Namespace) -> None:
                 listen=options.listen,
                 config_path=options.config,
                 watch_config=options.watch_config,
+                tls=options.tls,
             )
         )
         for url in urls:

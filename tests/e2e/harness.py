@@ -27,7 +27,7 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 MARKER_VARIABLE = "LLAMASWAP_TEST_MARKER"
 FAKE = "python -m llamaswap.fake_server --port ${PORT} --model-name ${MODEL_ID}"
-LISTENING = re.compile(r"llamaswap: listening on (?P<url>http://\S+)")
+LISTENING = re.compile(r"llamaswap: listening on (?P<url>https?://\S+)")
 
 
 #: Ports handed out to model servers in tests: below the ephemeral range (32768+), where the

@@ -5,13 +5,18 @@ routes without ``/v1``. Real proxy, real fake model servers."""
 from __future__ import annotations
 
 import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 import trio
+import trustme
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import LISTENING, running
+from tests.e2e.harness import LISTENING, REPO, running
 from tests.e2e.test_proxy import config
 
 ONE_MODEL = config('[models.only]\ncmd = "${fake}"\n')
@@ -192,3 +197,35 @@ async def test_comfyui_is_reached_at_its_own_prefix_and_only_its_page_loads_it(
         page = await client.get("/comfyui/")  # the fake server has no page: its 404
         assert page.headers["x-llamaswap-upstream"] == "comfyui_auto"
         assert (await client.get("/comfyui/health")).json() == {"status": "ok"}
+
+
+async def test_https_with_a_certificate_and_its_key(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    authority = trustme.CA()
+    certificate = authority.issue_cert("127.0.0.1", "localhost")
+    cert, key, ca = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    certificate.private_key_pem.write_to_path(str(key))
+    certificate.cert_chain_pems[0].write_to_path(str(cert))
+    authority.cert_pem.write_to_path(str(ca))
+    proxy = await proxy_factory(ONE_MODEL, args=["--tls-cert", str(cert), "--tls-key", str(key)])
+    assert proxy.url.startswith("https://127.0.0.1:")
+    context = ssl.create_default_context(cafile=str(ca))
+    async with httpx.AsyncClient(base_url=proxy.url, verify=context) as client:
+        answer = await client.post("/completion", json=PROMPT)
+    assert answer.status_code == 200
+
+
+def test_a_key_that_is_not_the_certificates_is_refused_before_serving(tmp_path: Path) -> None:
+    authority = trustme.CA()
+    one, other = authority.issue_cert("127.0.0.1"), authority.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    one.cert_chain_pems[0].write_to_path(str(cert))
+    other.private_key_pem.write_to_path(str(key))
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(ONE_MODEL)
+    argv = [sys.executable, "-m", "llamaswap", "--config", str(config_file), "--listen",
+            "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"llamaswap: cannot serve HTTPS with --tls-cert {cert}")
