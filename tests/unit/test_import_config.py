@@ -494,13 +494,22 @@ def test_a_model_without_cmd_is_kept_and_noted_since_llamaswap_requires_one() ->
     )
 
 
-def test_comfyui_auto_is_noted_as_an_ordinary_model_here() -> None:
+def test_comfyui_auto_is_noted_for_the_limit_llama_swap_raises() -> None:
     result, config = translate(
         "models:\n  comfyui_auto:\n    cmd: python main.py --port ${PORT}\n"
     )
     assert config.models["comfyui_auto"].concurrency_limit is None  # not raised to 50
     assert remarks(result) == [("models.comfyui_auto", False)]
-    assert "llamaswap has no ComfyUI special case" in result.remarks[0].message
+    assert "write concurrencyLimit = 50" in result.remarks[0].message
+
+
+def test_upstream_ignore_paths_are_translated() -> None:
+    result, config = translate(
+        "upstream:\n  ignorePaths:\n    - '.*\\.(js|css)$'\n    - ^\\/ws$\n"
+        "models:\n  m:\n    cmd: s --port ${PORT}\n"
+    )
+    assert config.upstream.ignore_paths == (r".*\.(js|css)$", r"^\/ws$")
+    assert remarks(result) == []
 
 
 # -- the command ---------------------------------------------------------------------------
