@@ -106,7 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         "(each takes --help).",
     )
     parser.add_argument("--version", action="version", version=f"llamaswap {version()}")
-    parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
+    parser.add_argument(
+        "--config",
+        required=True,
+        metavar="PATH",
+        help="TOML config file, or a directory whose *.toml files are merged into one",
+    )
     parser.add_argument(
         "--listen",
         action="append",

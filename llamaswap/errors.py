@@ -90,8 +90,11 @@ class ConfigProblem:
     message: str
     line: int | None = None
     column: int | None = None
+    #: The file it is in, when the configuration is several files (``--config DIR``).
+    file: str | None = None
 
     def render(self, file: str) -> str:
+        file = self.file or file
         if self.line is not None:
             return f"{file}:{self.line}:{self.column}: {self.message}"
         where = f"{file}: {self.path}" if self.path else file
