@@ -178,7 +178,9 @@ async def start_proxy(
     path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
     path.write_text(config)
     marker = uuid.uuid4().hex
-    argv = [sys.executable, *launch, "--config", str(path), "--listen", "127.0.0.1:0"]
+    argv = [sys.executable, *launch, "--config", str(path)]
+    if "--listen" not in args:  # a test's own replaces it: several are all served
+        argv += ["--listen", "127.0.0.1:0"]
     argv += ["--log-level", log_level, *args]
     process = await trio.lowlevel.open_process(
         argv,

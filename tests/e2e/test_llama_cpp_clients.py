@@ -149,7 +149,8 @@ async def test_several_listen_addresses_are_each_served(proxy_factory: StartProx
     """``--listen`` more than once (IPv4 and IPv6 loopback where this machine has both):
     each is announced, and served."""
     second = "[::1]" if ipv6_loopback() else "127.0.0.1"
-    proxy = await proxy_factory(ONE_MODEL, args=["--listen", f"{second}:0"])
+    args = ["--listen", "127.0.0.1:0", "--listen", f"{second}:0"]
+    proxy = await proxy_factory(ONE_MODEL, args=args)
     urls = [match["url"] for line in proxy.output.lines if (match := LISTENING.search(line))]
     assert len(urls) == 2
     assert urls[0].startswith("http://127.0.0.1:")

@@ -685,7 +685,7 @@ async def test_the_logs_tab_follows_the_log_again_after_llamaswap_restarts(
 
     async def restart() -> None:
         await first.terminate()
-        again = await proxy_factory(text, args=("--listen", address))  # the last one counts
+        again = await proxy_factory(text, args=("--listen", address))
         assert again.url == first.url
         async with again.client() as client:
             answer = await client.post("/v1/chat/completions", json=chat("beta"))
