@@ -72,15 +72,15 @@ class WebSocketRelay:
     ) -> None:
         if (await receive())["type"] != "websocket.connect":
             return  # the client left first
+        link = _Link(receive, send)
         try:
-            await self._serve(scope, receive, send)
-        except RequestError as error:  # before the handshake was accepted
+            await self._serve(scope, link)
+        except RequestError as error:
             logger.info("WebSocket %s: %s", scope["path"], error)
-            await _refuse(scope, send, error)
+            if not link.accepted:  # else the relay has closed the client's side already
+                await _refuse(scope, send, error)
 
-    async def _serve(
-        self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
+    async def _serve(self, scope: WebsocketScope, link: _Link) -> None:
         config = self._router.config
         refused = site.websocket_refusal(scope, config, self._listen_hosts)
         if refused is not None:
@@ -108,17 +108,10 @@ class WebSocketRelay:
         async with self._router.acquire(lease):
             base = config.models[target.model_id].proxy
             target_path = path + (f"?{query.decode('latin-1')}" if query else "")
-            await _bridge(target.model_id, base, target_path, scope, receive, send)
+            await _bridge(target.model_id, base, target_path, scope, link)
 
 
-async def _bridge(
-    model: str,
-    base: str,
-    target: str,
-    scope: WebsocketScope,
-    receive: ASGIReceiveCallable,
-    send: ASGISendCallable,
-) -> None:
+async def _bridge(model: str, base: str, target: str, scope: WebsocketScope, link: _Link) -> None:
     """Open the model server's WebSocket at ``target``, accept the client's, and relay
     until either side closes.
 
@@ -143,13 +136,13 @@ async def _bridge(
                 extra_headers=[(k, v) for k, v in scope["headers"] if k.lower() in _FORWARDED],
             )
         )
-        await send(
+        await link.send(
             {"type": "websocket.accept", "subprotocol": accepted.subprotocol, "headers": []}
         )
-        link = _Link(server, receive, send)
+        link.accepted = True
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(link.client_to_server, nursery.cancel_scope)
-            nursery.start_soon(link.server_to_client, nursery.cancel_scope)
+            nursery.start_soon(link.client_to_server, server, nursery.cancel_scope)
+            nursery.start_soon(link.server_to_client, server, nursery.cancel_scope)
 
 
 @attrs.define(eq=False)
@@ -192,21 +185,22 @@ class _Server:
 class _Link:
     """One relayed connection: each direction is a task; the first to end ends both."""
 
-    server: _Server
     receive: ASGIReceiveCallable
     send: ASGISendCallable
+    #: The client's handshake is accepted (after the server's): errors end it by a close.
+    accepted: bool = False
     client_gone: bool = False
     #: The frames of the server's message being received.
     _text: list[str] = attrs.field(factory=list)
     _data: bytearray = attrs.field(factory=bytearray)
 
-    async def client_to_server(self, done: trio.CancelScope) -> None:
+    async def client_to_server(self, server: _Server, done: trio.CancelScope) -> None:
         try:
             while True:
                 message = await self.receive()
                 if message["type"] == "websocket.disconnect":
                     self.client_gone = True
-                    await self.server.send(CloseConnection(code=message.get("code", 1000)))
+                    await server.send(CloseConnection(code=message.get("code", 1000)))
                     return
                 if message["type"] == "websocket.receive":
                     text = message.get("text")
@@ -215,23 +209,23 @@ class _Link:
                         if text is not None
                         else BytesMessage(message.get("bytes") or b"")
                     )
-                    await self.server.send(event)
+                    await server.send(event)
         except _BROKEN:
             return
         finally:
             done.cancel()
 
-    async def server_to_client(self, done: trio.CancelScope) -> None:
+    async def server_to_client(self, server: _Server, done: trio.CancelScope) -> None:
         code = 1011  # the server went without a close frame
         try:
-            while events := await self.server.events():
+            while events := await server.events():
                 for event in events:
                     if isinstance(event, CloseConnection):
                         code = event.code
-                        await self.server.send(event.response())
+                        await server.send(event.response())
                         return
                     if isinstance(event, Ping):
-                        await self.server.send(event.response())
+                        await server.send(event.response())
                     elif isinstance(event, TextMessage | BytesMessage):
                         await self._relay(event)
         except _BROKEN:

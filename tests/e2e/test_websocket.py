@@ -124,6 +124,7 @@ async def test_the_servers_close_and_an_unload_reach_the_client(
                 closed = await ws.next()
                 assert isinstance(closed, CloseConnection)
                 assert closed.code == 1001  # going away
+    assert "Traceback" not in proxy.output.text()
 
 
 async def test_a_websocket_is_refused_cross_site_and_where_it_may_not_load(
