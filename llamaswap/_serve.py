@@ -285,6 +285,7 @@ async def serve(
         await nursery.start(partial(resources.run, router.pids))
         await nursery.start(router.run)
         nursery.start_soon(app.model_server.run)
+        await nursery.start(app.props.run)
         stop_accepting = trio.Event()
         server_config = _hypercorn_config(listen, lambda: router.config, tls)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:

@@ -24,6 +24,7 @@ import attrs
 from .values import Bounds
 
 __all__ = [
+    "Capabilities",
     "Config",
     "DeviceConfig",
     "FifoSettings",
@@ -35,6 +36,7 @@ __all__ = [
     "LogTimeFormat",
     "LogToStdout",
     "MatrixConfig",
+    "Modality",
     "ModelConfig",
     "OnStartup",
     "PeerConfig",
@@ -75,6 +77,7 @@ MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
 MAX_QUEUED = Bounds(1, 10_000_000, "a number of requests")
 SLOTS = Bounds(1, 256, "a number of slots")
+CONTEXT_LENGTH = Bounds(1, 100_000_000, "a number of tokens", zero="not set")
 #: ``serial.maxPreemptions``: after this many preemptions a request runs to its end.
 MAX_PREEMPTIONS = Bounds(1, 100, "a number of preemptions")
 CONNECT_TIMEOUT = Bounds(0.001, 3_600, "a duration", "seconds", "1 hour", zero="no limit")
@@ -184,6 +187,23 @@ class Timeouts:
     keepalive: float = attrs.field(default=0.0, metadata=within(KEEPALIVE))
 
 
+#: A modality in ``capabilities.in`` and ``capabilities.out``.
+Modality = Literal["text", "audio", "image"]
+
+
+@attrs.frozen
+class Capabilities:
+    """``capabilities``: what the model can do, in llama-swap's key, for ``/v1/models``."""
+
+    #: What it reads (``in`` in TOML) and what it writes.
+    in_: tuple[Modality, ...] = attrs.field(default=(), metadata=key("in"))
+    out: tuple[Modality, ...] = ()
+    tools: bool = False  # function calling
+    reranker: bool = False  # /v1/rerank
+    #: Its context length in tokens; 0: not set (what its server's ``GET /props`` says).
+    context: int = attrs.field(default=0, metadata=within(CONTEXT_LENGTH))
+
+
 @attrs.frozen
 class ModelConfig:
     """``[models.ID]``: one model server llamaswap may start."""
@@ -207,6 +227,7 @@ class ModelConfig:
     slots: int | None = attrs.field(default=None, metadata=within(SLOTS))
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    capabilities: Capabilities = Capabilities()
     send_loading_state: bool = False
     #: ``/v1/messages``: passed through ("native") or converted to chat completions.
     anthropic: Literal["native", "translate"] = "native"

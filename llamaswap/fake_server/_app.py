@@ -37,7 +37,7 @@ from ._content import (
     text_of,
     token_limit,
 )
-from ._slots import SlotCaches, SlotRefused
+from ._slots import N_CTX, SlotCaches, SlotRefused
 
 
 @attrs.frozen
@@ -241,7 +241,7 @@ class FakeServer:
             "model": options.model_name,
             "model_path": f"{options.model_name}.gguf",
             "total_slots": 1,
-            "default_generation_settings": {"n_predict": options.max_tokens},
+            "default_generation_settings": {"n_ctx": N_CTX, "n_predict": options.max_tokens},
             "tokens_per_second": options.tokens_per_second,
             "build_info": "llamaswap.fake_server",
         }

@@ -105,8 +105,6 @@ _REASONS = {
     "selectors": "llamaswap has no selectors (virtual model names); aliases cover a name "
     "that always means one model",
     "compat": "llamaswap has no compat settings",
-    "capabilities": "llamaswap does not report capabilities; a key under metadata is "
-    "shown in /v1/models if a client needs it",
     "healthCheckTimeout": "llama-swap takes it from the top-level healthCheckTimeout, "
     "and so does llamaswap",
 }

@@ -53,6 +53,7 @@ from llamaswap.observability import (
 )
 from llamaswap.observability.estimates import Estimator
 from llamaswap.observability.model_server import ModelServerMetrics
+from llamaswap.observability.props import ServerProps
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.events import ModelForgotten, ModelStateChanged
@@ -64,7 +65,13 @@ from . import cors, gpu, live, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
-from .operations import client_address, model_status, register
+from .operations import (
+    capability_fields,
+    client_address,
+    client_status,
+    model_status,
+    register,
+)
 from .websocket import WebSocketRelay
 
 __all__ = ["Application", "create_app"]
@@ -83,11 +90,14 @@ class Application:
         reloader: Reloader | None,
         router: Router,
         model_server: ModelServerMetrics,
+        props: ServerProps,
         listen_hosts: tuple[str, ...] = (),
     ) -> None:
         self.router = router
         #: ``/gateway/metrics``; ``serve()`` runs its reader of the models' KV figures.
         self.model_server = model_server
+        #: The models' context lengths; ``serve()`` runs its reader of their ``/props``.
+        self.props = props
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
@@ -295,6 +305,8 @@ def create_app(
     metrics = Metrics(router)
     router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
     model_server = ModelServerMetrics(router, pool)
+    props = ServerProps(router, pool)
+    router.observe(props.on_event, ModelStateChanged, ModelForgotten)
     if hub is None:
         hub = EventHub()  # idle: its coalesced events are never sent
     reloader = None
@@ -367,27 +379,32 @@ def create_app(
         name: str, target: Local | Peer, *, now: float, wall_now: float
     ) -> dict[str, Any]:
         """The ``/v1/models`` entry for ``name`` (an ID, alias or peer name) of ``target``."""
-        meta: dict[str, Any]
-        if isinstance(target, Peer):
-            qualified = f"{target.peer_id}/{target.model}"
-            model_name, description, meta = qualified, "", {"peer": target.peer_id}
-        else:
-            model = router.config.models[target.model_id]  # the current config: names' own
-            stats = router.statistics(target.model_id)
-            ttl = router.definition(target.model_id).ttl
-            status = model_status(stats, ttl, now=now, wall_now=wall_now)
-            model_name = model.name or target.model_id
-            description = model.description or ""
-            status.update(memory_entry(router.resources, target.model_id))
-            meta = {**model.metadata, "llamaswap": status}
-        return {
+        entry: dict[str, Any] = {
             "id": name,
             "object": "model",
             "created": created,
             "owned_by": "llamaswap",
-            "name": model_name,
-            "description": description,
-            "meta": meta,
+        }
+        if isinstance(target, Peer):  # its state is the peer's to say
+            qualified = f"{target.peer_id}/{target.model}"
+            return entry | {
+                "name": qualified,
+                "description": "",
+                "context_length": None,
+                "meta": {"peer": target.peer_id},
+            }
+        model = router.config.models[target.model_id]  # the current config: names' own
+        stats = router.statistics(target.model_id)
+        ttl = router.definition(target.model_id).ttl
+        status = model_status(stats, ttl, now=now, wall_now=wall_now)
+        status.update(memory_entry(router.resources, target.model_id))
+        return entry | {
+            "name": model.name or target.model_id,
+            "description": model.description or "",
+            "status": client_status(stats),
+            "context_length": props.context_length(target.model_id),
+            **capability_fields(model.capabilities),
+            "meta": {**model.metadata, "llamaswap": status},
         }
 
     @quart.get("/v1/models")
@@ -423,18 +440,19 @@ def create_app(
         entries = []
         for model_id in router.known_models():
             stats = router.statistics(model_id)
-            if stats.state.value == "stopped":
+            if stats.shown_state == "stopped":
                 continue
             model = router.definition(model_id)
             entries.append(
                 {
                     "model": model_id,
                     "name": model.name or model_id,
-                    "state": stats.state.value,
+                    "state": stats.shown_state,
                     "proxy": model.proxy,
                     "ttl": model.ttl,
                     "pid": stats.pid,
                     "in_flight": stats.in_flight,
+                    "failure": stats.failure_json(),
                     **memory_entry(router.resources, model_id),
                 }
             )
@@ -514,4 +532,4 @@ def create_app(
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder, estimator=estimator)
-    return Application(quart, forwarder, reloader, router, model_server, listen_hosts)
+    return Application(quart, forwarder, reloader, router, model_server, props, listen_hosts)

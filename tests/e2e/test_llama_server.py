@@ -192,6 +192,43 @@ async def test_requests_arriving_while_the_model_loads_wait_for_health(
     assert content(replies[0]) == content(replies[1])  # greedy: the same answer twice
 
 
+async def test_models_say_llama_server_s_context_length_and_a_failed_start(
+    proxy_factory: StartProxy, config: str
+) -> None:
+    """``/v1/models`` as clients read it: once loaded, the context one request may fill,
+    as llama-server's ``GET /props`` says it; a model whose llama-server cannot load its
+    file is ``failed``, with llama-server's exit status and last lines."""
+    broken = '\n[models.broken]\ncmd = "${server} -m /nonexistent/missing.gguf"\n'
+    proxy = await proxy_factory(config + broken + 'env = { LD_LIBRARY_PATH = "${llama-libs}" }\n')
+
+    async def entry(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
+        found: dict[str, Any] = (await client.get(f"/v1/models/{model}")).json()
+        return found
+
+    async with proxy.client() as client:
+        with trio.fail_after(120):
+            assert (await client.post("/api/models/load/tiny-a")).status_code == 200
+            props = (await client.get("/props?model=tiny-a")).json()
+            # Read off the request path, once the model is ready: polled over HTTP.
+            while (tiny := await entry(client, "tiny-a"))["context_length"] is None:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            failed = await client.post("/api/models/load/broken")
+            broken_entry = await entry(client, "broken")
+    assert tiny["status"] == {"value": "loaded"}
+    assert tiny["context_length"] == props["default_generation_settings"]["n_ctx"]
+    assert tiny["context_length"] in (4096, 8192)  # -c 8192 -np 2: a slot's share, or all
+    assert failed.status_code == 502
+    failure = broken_entry["meta"]["llamaswap"]["failure"]
+    assert broken_entry["status"] == {
+        "value": "failed",
+        "failed": True,
+        "exit_code": failure["exit_code"],
+    }
+    assert failure["exit_code"] not in (None, 0)
+    assert failure["reason"] == f"exited with status {failure['exit_code']} while starting"
+    assert any("missing.gguf" in line for line in failure["output"]), failure["output"]
+
+
 async def test_two_parallel_slots_generate_side_by_side(
     proxy_factory: StartProxy, config: str
 ) -> None:

@@ -11,7 +11,7 @@ import tomli
 from ruamel.yaml import YAML
 
 from llamaswap.cli import check_config, main
-from llamaswap.config import Config, loads_config
+from llamaswap.config import Capabilities, Config, loads_config
 from llamaswap.config.model import GroupConfig
 from llamaswap.errors import ConfigError
 from llamaswap.migrate.translate import ImportResult, Remark, YamlError, import_yaml
@@ -75,6 +75,7 @@ def test_the_example_config_becomes_a_valid_config_with_the_same_values(
         "qwen3-8b",
     )
     assert (qwen.aliases[0], qwen.ttl, qwen.concurrency_limit) == ("gpt-4o-mini", 300, None)
+    assert qwen.capabilities == Capabilities(in_=("text",), tools=True)  # as llama-swap's
     assert qwen.filters.strip_params == ("temperature", "top_p", "top_k")  # 'model' never
     assert qwen.filters.set_params == {"top_p": 0.9}
     assert qwen.filters.set_params_by_id == {
@@ -148,7 +149,6 @@ def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
     assert remarks(result) == [
         ("metricsMaxInMemory", True),
         ("models.qwen.timeouts.expectContinue", True),
-        ("models.qwen.capabilities", True),
         ("models.docker-llama.compat", True),
         ("routing.router.settings.matrix.vars", False),  # the vars it added
         ("profiles", True),
@@ -157,7 +157,7 @@ def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
         "models.qwen.timeouts.expectContinue: not translated: "
         "llamaswap has no key 'expectContinue' here"
     )
-    for key in ("metricsMaxInMemory", "expectContinue", "capabilities", "compat", "profiles"):
+    for key in ("metricsMaxInMemory", "expectContinue", "compat", "profiles"):
         assert key not in result.toml
 
 
