@@ -9,24 +9,38 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Coroutine, Sequence
 from functools import partial
+from typing import Any
 
 import trio
 
 from llamaswap._limits import raise_open_files_limit
-from llamaswap._serve import listen_address, serve
-from llamaswap.config import Config, load_config
+from llamaswap._serve import Tls, listen_address, serve
+from llamaswap.config import load_config
 from llamaswap.errors import ConfigError, LlamaSwapError, only_cause
 from llamaswap.observability.logs import configure_console
 
 __all__ = ["run"]
 
 
-def run(config_path: str, *, listen: str, watch_config: bool, log_level: str | None) -> int:
-    """Serve the config at ``config_path`` on ``listen``; the exit status: 0 once stopped,
-    2 (after one line on stderr) when it cannot start."""
+def run(
+    config_path: str,
+    *,
+    listen: Sequence[str],
+    tls_files: tuple[str, str] | None,
+    watch_config: bool,
+    log_level: str | None,
+) -> int:
+    """Serve the config at ``config_path`` (a file, or a directory of them) on every
+    address of ``listen``, with HTTPS when ``tls_files`` names a certificate and its key;
+    the exit status: 0 once stopped, 2 (after one line on stderr) when it cannot start."""
+    tls = None if tls_files is None else Tls(*tls_files)
     try:
-        listen_address(listen)  # a bad --listen before the config is read
+        for address in listen:  # a bad --listen before the config is read
+            listen_address(address)
+        if tls is not None:
+            tls.check()
     except LlamaSwapError as exc:
         print(f"llamaswap: {exc}", file=sys.stderr)
         return 2
@@ -42,8 +56,11 @@ def run(config_path: str, *, listen: str, watch_config: bool, log_level: str | N
     logging.getLogger("hpack").setLevel(logging.WARNING)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
     raise_open_files_limit()  # before any socket or model process exists
+    serving = partial(
+        serve, config, listen=listen, config_path=config_path, watch_config=watch_config, tls=tls
+    )
     try:
-        trio.run(_serve, config, listen, config_path, watch_config)
+        trio.run(_serve_and_say_where, serving)
     except BaseException as exc:
         # The one boundary where a failure to start (an unusable store.path, no lifeline)
         # leaves its ExceptionGroups: say it plainly, as an invalid config is said.
@@ -55,13 +72,10 @@ def run(config_path: str, *, listen: str, watch_config: bool, log_level: str | N
     return 0
 
 
-async def _serve(config: Config, listen: str, config_path: str, watch_config: bool) -> None:
+async def _serve_and_say_where(serving: partial[Coroutine[Any, Any, None]]) -> None:
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            partial(
-                serve, config, listen=listen, config_path=config_path, watch_config=watch_config
-            )
-        )
-        print(f"llamaswap: listening on {url}", flush=True)
+        urls: list[str] = await nursery.start(serving)
+        for url in urls:
+            print(f"llamaswap: listening on {url}", flush=True)
         # For `kill -HUP`; /api/version says it too.
         print(f"llamaswap: pid {os.getpid()} (SIGHUP reloads the config)", flush=True)

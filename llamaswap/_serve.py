@@ -26,15 +26,17 @@ import errno
 import logging
 import math
 import signal
+import ssl
 import typing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 
+import attrs
 import hypercorn.trio
 import trio
 
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
-from llamaswap.errors import ListenError, RequestError, only_cause
+from llamaswap.errors import ListenError, LlamaSwapError, RequestError, only_cause
 from llamaswap.http import server as http_server
 from llamaswap.http.server import ServerConfig
 from llamaswap.observability import (
@@ -58,7 +60,7 @@ from llamaswap.resources import Resources, open_probe
 from llamaswap.router import Router, RouterEvent
 from llamaswap.router.events import ModelStateChanged
 
-__all__ = ["listen_address", "serve"]
+__all__ = ["Tls", "listen_address", "serve"]
 
 logger = logging.getLogger("llamaswap")
 
@@ -68,6 +70,26 @@ LIVE_STREAMS_GRACE = 1.0
 
 #: What a port may be, said with every bad one.
 _PORTS = "0 to 65535; 0 picks a free port"
+
+
+@attrs.frozen
+class Tls:
+    """``--tls-cert`` and ``--tls-key``: PEM files (the certificate may carry its chain)."""
+
+    cert: str
+    key: str
+
+    def check(self) -> None:
+        """Raises LlamaSwapError if the files are not a certificate and its key."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(self.cert, self.key)
+        except OSError as exc:  # ssl.SSLError is one
+            reason = exc.strerror or str(exc)
+            raise LlamaSwapError(
+                f"cannot serve HTTPS with --tls-cert {self.cert} and --tls-key {self.key}: "
+                f"{reason}"
+            ) from None
 
 
 def listen_address(listen: str) -> tuple[str, int]:
@@ -111,10 +133,16 @@ def _bad(listen: str, reason: str) -> typing.NoReturn:
     raise ListenError(listen or "''", OSError(errno.EINVAL, reason))
 
 
-def _hypercorn_config(listen: str, current: Callable[[], Config]) -> ServerConfig:
+def _hypercorn_config(
+    listen: Sequence[str], current: Callable[[], Config], tls: Tls | None = None
+) -> ServerConfig:
     settings = ServerConfig(current)
-    host, port = listen_address(listen)
-    settings.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if tls is not None:
+        settings.certfile, settings.keyfile = tls.cert, tls.key
+    addresses = [listen_address(address) for address in listen]
+    settings.bind = [
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in addresses
+    ]
     settings.accesslog = None
     # Through our logging setup rather than hypercorn's own handler (no double lines).
     settings.errorlog = logging.getLogger("hypercorn.error")
@@ -137,6 +165,9 @@ def _hypercorn_config(listen: str, current: Callable[[], Config]) -> ServerConfi
     settings.backlog = 2048  # a burst of clients must queue, not be reset (default 100)
     settings.h11_max_incomplete_size = 64 * 1024  # the largest request head
     settings.alpn_protocols = ["http/1.1"]  # HTTP/1.1 only, should TLS come
+    # A model server's Server field comes back as it sent it (llama-server's clients may
+    # read it); hypercorn's would be a second one.
+    settings.include_server_header = False
     return settings
 
 
@@ -184,24 +215,27 @@ async def _writing(writer: ActivityWriter | None) -> AsyncIterator[None]:
 async def serve(
     config: Config,
     *,
-    listen: str,
+    listen: Sequence[str],
     config_path: str | None = None,
     watch_config: bool = False,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    tls: Tls | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``config`` on ``listen`` (``HOST:PORT``, see :func:`listen_address`) until
-    SIGINT or SIGTERM.
+    """Serve ``config`` on every address of ``listen`` (``HOST:PORT``, see
+    :func:`listen_address`) until SIGINT or SIGTERM.
 
     ``config_path`` is the file SIGHUP and ``POST /api/config/reload`` reload from (and,
-    with ``watch_config``, reload whenever it changes). ``task_status.started`` receives
-    the URL served, once requests are accepted.
+    with ``watch_config``, reload whenever it changes). ``tls``: serve HTTPS with this
+    certificate and key. ``task_status.started`` receives the URLs served, once requests
+    are accepted.
 
     Raises:
         ConfigError: ``store.path`` cannot be opened as the activity store.
         ListenError: ``listen`` is not ``HOST:PORT`` or cannot be listened on (in use,
             not allowed).
     """
-    listen_address(listen)  # before anything starts
+    for address in listen:
+        listen_address(address)  # before anything starts
     http_server.install()
     activity = ActivityLog()
     store = writer = None
@@ -245,14 +279,15 @@ async def serve(
             logs=logs,
             activity=activity,
             store=store,
-            listen_host=listen_address(listen)[0],
+            listen_hosts=tuple(listen_address(address)[0] for address in listen),
         )
         await nursery.start(hub.run)
         await nursery.start(partial(resources.run, router.pids))
         await nursery.start(router.run)
         nursery.start_soon(app.model_server.run)
+        await nursery.start(app.props.run)
         stop_accepting = trio.Event()
-        server_config = _hypercorn_config(listen, lambda: router.config)
+        server_config = _hypercorn_config(listen, lambda: router.config, tls)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             try:
                 binds = await nursery.start(
@@ -266,14 +301,14 @@ async def serve(
             except BaseException as exc:  # hypercorn's nurseries wrap the bind's OSError
                 cause = only_cause(exc)
                 if isinstance(cause, OSError):
-                    raise ListenError(listen, cause) from exc
+                    raise ListenError(", ".join(listen), cause) from exc
                 raise
-            url = binds[0]
+            urls: list[str] = binds
             if watch_config and app.reloader is not None:
                 await nursery.start(app.reloader.watch)
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
-            task_status.started(url)
+            task_status.started(urls)
 
             async def shut_down() -> None:
                 if app.reloader is not None:

@@ -52,14 +52,23 @@ def _parser() -> argparse.ArgumentParser:
         "(each takes --help).",
     )
     parser.add_argument("--version", action="version", version=f"llamaswap {version()}")
-    parser.add_argument("--config", required=True, metavar="PATH", help="TOML config file")
+    parser.add_argument(
+        "--config",
+        required=True,
+        metavar="PATH",
+        help="TOML config file, or a directory whose *.toml files are merged into one",
+    )
     parser.add_argument(
         "--listen",
-        default=DEFAULT_LISTEN,
+        action="append",
         metavar="HOST:PORT",
         help=f"address to serve on (default {DEFAULT_LISTEN}; an IPv6 host in brackets: "
-        "[::1]:8080; port 0 picks a free port)",
+        "[::1]:8080; port 0 picks a free port); given several times, every one of them",
     )
+    parser.add_argument(
+        "--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (and its chain)"
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     parser.add_argument(
         "--watch-config",
         action="store_true",
@@ -104,13 +113,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         # The server takes options only: a first word is a subcommand llamaswap lacks.
         print(_unknown_command(args), file=sys.stderr)
         sys.exit(2)
-    options = _parser().parse_args(args)  # --version and --help end here
+    parser = _parser()
+    options = parser.parse_args(args)  # --version and --help end here
+    if (options.tls_cert is None) != (options.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
     from llamaswap._run import run
 
     sys.exit(
         run(
             options.config,
-            listen=options.listen,
+            listen=options.listen or [DEFAULT_LISTEN],
+            tls_files=None if options.tls_cert is None else (options.tls_cert, options.tls_key),
             watch_config=options.watch_config,
             log_level=options.log_level,
         )

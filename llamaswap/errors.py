@@ -22,6 +22,7 @@
         ├── ModelStartFailed        502  the model exited or timed out while starting
         ├── UpstreamError           502  the model server refused or broke the connection
         ├── ModelUnloaded           503  we stopped the model while the request waited
+        ├── ModelNotLoaded          503  not ready, and the request may not load it (autoload)
         ├── ShuttingDown            503  llamaswap is stopping
         └── InternalError           500  a bug in llamaswap failed this one request (logged)
 
@@ -55,6 +56,7 @@ __all__ = [
     "LlamaSwapError",
     "MethodNotAllowed",
     "ModelNotFound",
+    "ModelNotLoaded",
     "ModelStartFailed",
     "ModelUnloaded",
     "QueueFull",
@@ -88,8 +90,11 @@ class ConfigProblem:
     message: str
     line: int | None = None
     column: int | None = None
+    #: The file it is in, when the configuration is several files (``--config DIR``).
+    file: str | None = None
 
     def render(self, file: str) -> str:
+        file = self.file or file
         if self.line is not None:
             return f"{file}:{self.line}:{self.column}: {self.message}"
         where = f"{file}: {self.path}" if self.path else file
@@ -340,6 +345,16 @@ class ModelUnloaded(RequestError):
         self.reason = reason
         when = "was being served" if served else "waited"
         super().__init__(f"model {model!r} was unloaded while the request {when} ({reason})")
+
+
+class ModelNotLoaded(RequestError):
+    """The model is not ready, and this request may not load it: it asked so
+    (``?autoload=false``, ``X-LlamaSwap-Autoload: false``), or its ``/upstream`` path is
+    one of ``upstream.ignorePaths``."""
+
+    def __init__(self, model: str, why: str) -> None:
+        self.model = model
+        super().__init__(f"model {model!r} is not loaded, and {why}: nothing was loaded")
 
 
 class ShuttingDown(RequestError):

@@ -174,10 +174,16 @@ class Reloader:
     async def watch(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Reload whenever the file changes (``--watch-config``), until cancelled."""
-        directory, name = os.path.split(self.path)
+        """Reload whenever the file changes (``--watch-config``; with ``--config DIR``,
+        any ``*.toml`` directly in it), until cancelled."""
+        if await trio.Path(self.path).is_dir():
+            directory, name = self.path, None
+        else:
+            directory, name = os.path.split(self.path)
 
         def is_ours(_: watchfiles.Change, changed: str) -> bool:
+            if name is None:
+                return changed.endswith(".toml")
             return os.path.basename(changed) == name
 
         changes = watchfiles.awatch(

@@ -11,6 +11,7 @@ from .load import loads_config as loads_config
 from .matrix_expr import Combination as Combination
 from .matrix_expr import MatrixExprError as MatrixExprError
 from .matrix_expr import expand_sets as expand_sets
+from .model import Capabilities as Capabilities
 from .model import Config as Config
 from .model import FifoSettings as FifoSettings
 from .model import FilterConfig as FilterConfig
@@ -31,6 +32,7 @@ from .model import StoreConfig as StoreConfig
 from .model import toml_key as toml_key
 
 __all__ = [
+    "Capabilities",
     "Combination",
     "Config",
     "FifoSettings",

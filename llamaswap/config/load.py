@@ -27,6 +27,7 @@ from llamaswap.keypaths import Path, Problem, format_path, known_list
 from ..errors import ConfigError, ConfigProblem
 from .convert import Fault, faults, make_converter
 from .macros import PortProbe, expand_macros, port_free
+from .merge import Origins, merge_documents
 from .model import Config
 from .validate import validate
 
@@ -76,11 +77,20 @@ def load_config(
         ConfigError: the file cannot be read or is invalid; ``problems`` lists every problem.
     """
     file = os.fspath(path)
-    text = read_text(file)
-    directory = os.path.dirname(os.path.abspath(file))
-    return loads_config(
-        text, file=file, directory=directory, free=free, keep=keep, replacing=replacing
-    )
+    if os.path.isdir(file):
+        files = sorted(
+            os.path.join(file, name)
+            for name in os.listdir(file)
+            if name.endswith(".toml") and os.path.isfile(os.path.join(file, name))
+        )
+        if not files:
+            raise ConfigError(file, [ConfigProblem("", "the directory holds no *.toml file")])
+        texts = {name: read_text(name) for name in files}
+        directory = os.path.abspath(file)
+    else:
+        texts = {file: read_text(file)}
+        directory = os.path.dirname(os.path.abspath(file))
+    return _loads(texts, name=file, directory=directory, free=free, keep=keep, replacing=replacing)
 
 
 def read_text(file: str) -> str:
@@ -127,10 +137,34 @@ def loads_config(
     Raises:
         ConfigError: the text is invalid; ``problems`` lists every problem found.
     """
-    raw = parse_toml(text, file)
+    return _loads(
+        {file: text}, name=file, environ=environ, directory=directory, free=free, keep=keep,
+        replacing=replacing,
+    )  # fmt: skip
+
+
+def _loads(
+    texts: Mapping[str, str],
+    *,
+    name: str,
+    environ: Mapping[str, str] | None = None,
+    directory: str | None = None,
+    free: PortProbe = port_free,
+    keep: Mapping[str, int] = _NONE_KEPT,
+    replacing: Collection[str] = (),
+) -> Config:
+    """:func:`loads_config` of several files (``texts``, by file name, in order) merged
+    into one (``merge.py``), its problems each naming the file its key came from; ``name``:
+    what the error names when a problem has no one file."""
+    documents = {file: parse_toml(text, file) for file, text in texts.items()}
+    raw, origins, merging = merge_documents(documents)
+    if merging:
+        raise ConfigError(name, merging)
+    file = name if len(texts) > 1 else next(iter(texts))
     if deep := _too_deep(raw):
         # Like a syntax error, reported alone: every later stage walks the document.
-        raise ConfigError(file, [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep])
+        problems = [ConfigProblem(format_path(path), _TOO_DEEP) for path in deep]
+        raise ConfigError(file, _placed(problems, deep, origins, several=len(texts) > 1))
     emptying = _emptying(raw, replacing)
     doc, expanding = expand_macros(raw, os.environ if environ is None else environ, free, keep)
     inherited = _inherit_defaults(doc)
@@ -139,10 +173,27 @@ def loads_config(
     checking: list[Problem] = []
     if config is not None:
         config, checking = validate(config, dropped=dropped)
-    problems = _merge(emptying, expanding, structuring, checking)
+    stages = (emptying, expanding, structuring, checking)
+    problems = _merge(*stages)
     if problems or config is None:
-        raise ConfigError(file, problems)
+        paths = {format_path(p.path): p.path for stage in stages for p in stage}
+        placed = _placed(problems, [paths.get(p.path, ()) for p in problems], origins,
+                         several=len(texts) > 1)  # fmt: skip
+        raise ConfigError(file, placed)
     return _resolve_paths(config, directory)
+
+
+def _placed(
+    problems: list[ConfigProblem], paths: list[Path], origins: Origins, *, several: bool
+) -> list[ConfigProblem]:
+    """``problems`` (at ``paths``), each naming the file its key came from when the
+    configuration is several files."""
+    if not several:
+        return problems
+    return [
+        attrs.evolve(problem, file=origins.file_of(path))
+        for problem, path in zip(problems, paths, strict=True)
+    ]
 
 
 def _emptying(raw: dict[str, Any], replacing: Collection[str]) -> list[Problem]:

@@ -24,6 +24,7 @@ import attrs
 from .values import Bounds
 
 __all__ = [
+    "Capabilities",
     "Config",
     "DeviceConfig",
     "FifoSettings",
@@ -35,6 +36,7 @@ __all__ = [
     "LogTimeFormat",
     "LogToStdout",
     "MatrixConfig",
+    "Modality",
     "ModelConfig",
     "OnStartup",
     "PeerConfig",
@@ -46,6 +48,7 @@ __all__ = [
     "SerialSettings",
     "StoreConfig",
     "Timeouts",
+    "UpstreamSection",
     "key",
     "toml_key",
     "within",
@@ -74,6 +77,7 @@ MAX_BODY_BYTES = Bounds(1, 2**30, "a size", "bytes", "1 GiB")
 CONCURRENCY_LIMIT = Bounds(1, 10_000, "a limit")
 MAX_QUEUED = Bounds(1, 10_000_000, "a number of requests")
 SLOTS = Bounds(1, 256, "a number of slots")
+CONTEXT_LENGTH = Bounds(1, 100_000_000, "a number of tokens", zero="not set")
 #: ``serial.maxPreemptions``: after this many preemptions a request runs to its end.
 MAX_PREEMPTIONS = Bounds(1, 100, "a number of preemptions")
 CONNECT_TIMEOUT = Bounds(0.001, 3_600, "a duration", "seconds", "1 hour", zero="no limit")
@@ -183,6 +187,23 @@ class Timeouts:
     keepalive: float = attrs.field(default=0.0, metadata=within(KEEPALIVE))
 
 
+#: A modality in ``capabilities.in`` and ``capabilities.out``.
+Modality = Literal["text", "audio", "image"]
+
+
+@attrs.frozen
+class Capabilities:
+    """``capabilities``: what the model can do, in llama-swap's key, for ``/v1/models``."""
+
+    #: What it reads (``in`` in TOML) and what it writes.
+    in_: tuple[Modality, ...] = attrs.field(default=(), metadata=key("in"))
+    out: tuple[Modality, ...] = ()
+    tools: bool = False  # function calling
+    reranker: bool = False  # /v1/rerank
+    #: Its context length in tokens; 0: not set (what its server's ``GET /props`` says).
+    context: int = attrs.field(default=0, metadata=within(CONTEXT_LENGTH))
+
+
 @attrs.frozen
 class ModelConfig:
     """``[models.ID]``: one model server llamaswap may start."""
@@ -206,6 +227,7 @@ class ModelConfig:
     slots: int | None = attrs.field(default=None, metadata=within(SLOTS))
     filters: FilterConfig = FilterConfig()
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    capabilities: Capabilities = Capabilities()
     send_loading_state: bool = False
     #: ``/v1/messages``: passed through ("native") or converted to chat completions.
     anthropic: Literal["native", "translate"] = "native"
@@ -308,6 +330,21 @@ class Routing:
 @attrs.frozen
 class OnStartup:
     preload: tuple[str, ...] = ()
+
+
+#: ``upstream.ignorePaths``' default, llama-swap's: a web UI's files.
+DEFAULT_IGNORE_PATHS = (r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$",)
+
+
+@attrs.frozen
+class UpstreamSection:
+    """``[upstream]``: the ``/upstream/{model}/...`` passthrough.
+
+    ``ignore_paths``: regular expressions; a request whose path after the model's name
+    matches one never loads the model (503 ``model_not_loaded`` unless it is ready).
+    """
+
+    ignore_paths: tuple[str, ...] = DEFAULT_IGNORE_PATHS
 
 
 @attrs.frozen
@@ -415,7 +452,18 @@ class Config:
     #: Bytes of saved slot files kept across every model's ``slotSavePath``; the oldest
     #: go first.
     slot_save_limit: int = DEFAULT_SLOT_SAVE_LIMIT
+    #: The model (ID or alias) a request that names none is served by; None: the only
+    #: model when there is one, else such a request is refused (``default_model``).
+    default_model: str | None = None
+    upstream: UpstreamSection = UpstreamSection()
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
+
+    def fallback_model(self) -> str | None:
+        """The name a request that names no model is served by: ``defaultModel``, else
+        the only model (llama-server's clients often send none), else None."""
+        if self.default_model is not None:
+            return self.default_model
+        return next(iter(self.models)) if len(self.models) == 1 else None
 
     def resolve(self, name: str) -> str | None:
         """The model ID that ``name`` (an ID or an alias) reaches, or ``None``."""

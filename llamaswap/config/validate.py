@@ -58,11 +58,20 @@ def validate(
     _check_fifo_priority(config, names, problems)
     for index, name in enumerate(config.hooks.on_startup.preload):
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
+    if config.default_model is not None:
+        _check_reference(config.default_model, ("defaultModel",), names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
     _check_slot_save_paths(config, problems)
     _check_devices(config, problems)
     _check_node_name(config, problems)
+    for index, pattern in enumerate(config.upstream.ignore_paths):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            problems.append(
+                Problem(("upstream", "ignorePaths", index), f"not a regular expression: {exc}")
+            )
     return _cap_bonus(config, problems), problems
 
 
@@ -348,6 +357,15 @@ def _check_slot_save_paths(config: Config, problems: list[Problem]) -> None:
 
 #: A node's name goes into a header of every answer: letters, digits, ``.``, ``-``, ``_``.
 NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _check_ignore_paths(config: Config, problems: list[Problem]) -> None:
+    for index, pattern in enumerate(config.upstream.ignore_paths):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            where: Path = ("upstream", "ignorePaths", index)
+            problems.append(Problem(where, f"not a regular expression: {exc}"))
 
 
 def _check_node_name(config: Config, problems: list[Problem]) -> None:

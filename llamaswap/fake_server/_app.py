@@ -20,6 +20,7 @@ from hypercorn.typing import (
     ASGISendCallable,
     HTTPResponseStartEvent,
     Scope,
+    WebsocketScope,
 )
 
 from ._content import (
@@ -38,7 +39,7 @@ from ._content import (
     text_of,
     token_limit,
 )
-from ._slots import SlotCaches, SlotRefused
+from ._slots import N_CTX, SlotCaches, SlotRefused
 
 
 @attrs.frozen
@@ -121,6 +122,10 @@ class FakeServer:
             ("POST", "/v1/messages"): partial(self._complete, "messages"),
             ("POST", "/v1/responses"): partial(self._complete, "responses"),
             ("POST", "/v1/embeddings"): self._embeddings,
+            # llama-server serves the OpenAI routes without /v1 too.
+            ("POST", "/chat/completions"): partial(self._complete, "chat"),
+            ("POST", "/completions"): partial(self._complete, "text"),
+            ("POST", "/embeddings"): self._embeddings,
             ("GET", "/slots"): self._list_slots,
         }
         if options.kv_cache_usage is not None:
@@ -132,7 +137,8 @@ class FakeServer:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":
+        if scope["type"] == "websocket":
+            await self._echo(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
         if path != "/health":  # as llama-server: readiness polls would crowd the log
@@ -152,6 +158,28 @@ class FakeServer:
                 await handler(receive, send)
             except BadRequest as exc:
                 await self._json(send, 400, error(str(exc), "invalid_request_error"))
+
+    async def _echo(
+        self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """``/ws``: a WebSocket that echoes each message, as ComfyUI's and realtime audio
+        servers' stand-in; it accepts the first subprotocol asked for, and the text
+        ``close`` makes it close with code 4000. Any other path is refused."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        say(f"websocket {scope['path']} at {time.time():.6f}")
+        if scope["path"] != "/ws" or not self.healthy:
+            await send({"type": "websocket.close", "code": 1008, "reason": "no such socket"})
+            return
+        protocol = next(iter(scope.get("subprotocols", ())), None)
+        await send({"type": "websocket.accept", "subprotocol": protocol, "headers": []})
+        while (message := await receive())["type"] == "websocket.receive":
+            text, data = message.get("text"), message.get("bytes")
+            if text == "close":
+                await send({"type": "websocket.close", "code": 4000, "reason": "asked to"})
+                return
+            await send({"type": "websocket.send", "text": text, "bytes": data})
+        say("websocket closed by the client")
 
     async def _lifespan(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         while True:
@@ -216,7 +244,7 @@ class FakeServer:
             "model": options.model_name,
             "model_path": f"{options.model_name}.gguf",
             "total_slots": 1,
-            "default_generation_settings": {"n_predict": options.max_tokens},
+            "default_generation_settings": {"n_ctx": N_CTX, "n_predict": options.max_tokens},
             "tokens_per_second": options.tokens_per_second,
             "build_info": "llamaswap.fake_server",
         }

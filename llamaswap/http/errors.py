@@ -14,6 +14,7 @@ from llamaswap.errors import (
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
+    ModelNotLoaded,
     ModelStartFailed,
     ModelUnloaded,
     QueueFull,
@@ -51,6 +52,7 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
     ModelStartFailed: (502, "server_error", "model_start_failed", ()),
     UpstreamError: (502, "server_error", "upstream_error", ()),
     ModelUnloaded: (503, "server_error", "model_unloaded", ()),
+    ModelNotLoaded: (503, "server_error", "model_not_loaded", ()),
     ShuttingDown: (503, "server_error", "shutting_down", ()),
     InternalError: (500, "server_error", "internal_error", ()),
     RequestError: (500, "server_error", "internal_error", ()),  # any class not above

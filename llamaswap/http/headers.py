@@ -75,8 +75,9 @@ def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[by
 
 
 #: Response fields hypercorn sets itself, and the one llamaswap sets (a peer llamaswap's
-#: gives way to ours).
-_OURS = _HOP_BY_HOP | {b"date", b"server", UPSTREAM_HEADER}
+#: gives way to ours). A model server's ``Server`` comes back as sent: llamaswap names
+#: no server of its own (``_serve.py``).
+_OURS = _HOP_BY_HOP | {b"date", UPSTREAM_HEADER}
 
 
 def downstream_headers(

@@ -45,6 +45,7 @@ change what a client sees:
 
 from __future__ import annotations
 
+import http
 import importlib.metadata
 import logging
 import math
@@ -63,6 +64,7 @@ import hypercorn.typing
 import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.task_group import _handle
+from hypercorn.typing import H11SendableEvent
 
 from llamaswap.config.model import MAX_BODY_BYTES, Config
 from llamaswap.errors import BadRequest, BodyTooLarge, HeadTooLarge, RequestError
@@ -333,6 +335,10 @@ def _peer(stream: object) -> str:
     return f"{host}:{port}"
 
 
+#: Each status code's reason phrase (RFC 9110's, as llama-server and most servers send).
+_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+
+
 class _Connection(h11.Connection):
     """h11's server side, on which hypercorn says ``100 Continue`` only once the
     application has asked for the body (``body_wanted``), and which refuses, as h11
@@ -404,8 +410,9 @@ class _Connection(h11.Connection):
 
 class H11Protocol(hypercorn.protocol.h11.H11Protocol):
     """hypercorn's HTTP/1.1 side of a connection, which says ``100 Continue`` when the
-    application first asks for the body, and refuses a request h11 cannot read with
-    llamaswap's JSON error."""
+    application first asks for the body, refuses a request h11 cannot read with
+    llamaswap's JSON error, and says each answer's reason phrase (``200 OK``: ASGI
+    carries none, and hypercorn sent the code alone)."""
 
     def __init__(self, app: hypercorn.typing.AppWrapper, *args: Any, **kwargs: Any) -> None:
         super().__init__(partial(self._call, app), *args, **kwargs)
@@ -427,6 +434,15 @@ class H11Protocol(hypercorn.protocol.h11.H11Protocol):
         if isinstance(connection, _Connection) and connection.client_is_waiting_for_100_continue:
             receive = partial(self._continue, connection, receive)
         await app(scope, receive, *args)
+
+    async def _send_h11_event(self, event: H11SendableEvent) -> None:
+        if type(event) is h11.Response and not event.reason:
+            reason = _REASONS.get(event.status_code, b"")
+            event = h11.Response(
+                status_code=event.status_code, headers=event.headers, reason=reason,
+                http_version=event.http_version,
+            )  # fmt: skip
+        await super()._send_h11_event(event)
 
     async def _continue(
         self, connection: _Connection, receive: hypercorn.typing.ASGIReceiveCallable

@@ -103,13 +103,10 @@ _REASONS = {
     "captureBuffer": "llamaswap does not capture request and response bodies",
     "ui": "llamaswap's dashboard has no settings",
     "performance": "llamaswap does not collect system statistics",
-    "upstream": "llamaswap's /upstream/ routes have no settings",
     "profiles": "llamaswap has no profiles (model names pinned at run time)",
     "selectors": "llamaswap has no selectors (virtual model names); aliases cover a name "
     "that always means one model",
     "compat": "llamaswap has no compat settings",
-    "capabilities": "llamaswap does not report capabilities; a key under metadata is "
-    "shown in /v1/models if a client needs it",
     "healthCheckTimeout": "llama-swap takes it from the top-level healthCheckTimeout, "
     "and so does llamaswap",
 }
@@ -467,10 +464,9 @@ class _Translator:
         if model_id == _COMFYUI:
             self.note(
                 path,
-                f"llama-swap serves {_COMFYUI!r} under /comfyui/ and lets it take at least "
-                f"{_COMFYUI_LIMIT} requests at once; llamaswap has no ComfyUI special case: it "
-                f"is an ordinary model here, reached at /upstream/{_COMFYUI}/ (write "
-                f"concurrencyLimit = {_COMFYUI_LIMIT} for llama-swap's limit)",
+                f"llamaswap serves {_COMFYUI!r} under /comfyui/ as llama-swap does, but "
+                f"llama-swap also lets it take at least {_COMFYUI_LIMIT} requests at once: "
+                f"write concurrencyLimit = {_COMFYUI_LIMIT} for that limit",
             )
         if model.get("cmd") in (None, ""):
             self.note(

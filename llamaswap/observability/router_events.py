@@ -3,9 +3,10 @@
 Everything here is derived from the router's one stream of events (``Router.observe``,
 ``router/events.py``), in the order they happen:
 
-- ``model``: everything the dashboard shows of a model (``_model``): its state and PID,
-  its TTL countdown (the time left, or paused while requests want it), how long it has
-  been loading or ready, its requests in flight and waiting. Sent at once on a
+- ``model``: everything the dashboard shows of a model (``_model``): its state and PID
+  (``failed``, and why, after a failed start: ``ModelStatistics.failure``), its TTL
+  countdown (the time left, or paused while requests want it), how long it has been
+  loading or ready, its requests in flight and waiting. Sent at once on a
   supervisor's state change (``ModelStateChanged``) and while a model starts, when its
   process runs (``ModelSpawned``), so that every state is seen, in order with the
   requests' events. A request's admission, grant and release change the counts and the
@@ -187,7 +188,7 @@ class RouterEvents:
         left = None if ttl is None else stats.ttl_left(now)
         return {
             "model": model,
-            "state": stats.state.value,
+            "state": stats.shown_state,
             "pid": stats.pid,
             "ttl": ttl,
             "ttl_left_ms": None if left is None else _ms(left),
@@ -197,6 +198,7 @@ class RouterEvents:
             "loaded_for_ms": _since(stats.ready_since, now),
             "in_flight": stats.in_flight,
             "waiting": max(0, router.wanted(model) - stats.in_flight),
+            "failure": stats.failure_json(),
         }
 
     def _queue_state(self) -> dict[str, Any]:

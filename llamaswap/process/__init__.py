@@ -17,6 +17,7 @@ from .spawn import SubprocessSpawner as SubprocessSpawner
 from .state import ModelState as ModelState
 from .supervisor import ModelStatistics as ModelStatistics
 from .supervisor import ModelSupervisor as ModelSupervisor
+from .supervisor import StartFailure as StartFailure
 from .supervisor import StateListener as StateListener
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "SlotKeeper",
     "Slots",
     "Spawner",
+    "StartFailure",
     "StateListener",
     "SubprocessSpawner",
     "open_lifeline",

@@ -11,6 +11,13 @@ Callers never touch the process. ``ensure_ready()`` starts the model or joins th
 in progress (and waits out a stop in progress first), so it never acts on a stale state;
 ``stop()`` stops it. A start that every caller of ``ensure_ready()`` has abandoned is
 aborted at once and its process killed: that is how a load nobody waits for any more ends.
+
+**A model whose start failed is shown as failed until its next start begins**:
+``statistics().failure`` says why (the error its requests got, its exit status, its last
+lines of output) from the moment that run is over (stopped) to the next ``ensure_ready``
+that starts it again; a start that was stopped (an unload, an eviction, abandoned) is no
+failure. A crash after ready is not one either: the model is stopped, and the next
+request starts it again (``crashes`` counts them).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import math
 import os
 import signal
 from collections.abc import Callable
-from typing import final
+from typing import Any, final
 
 import attrs
 import trio
@@ -34,7 +41,7 @@ from .logring import LogRing
 from .spawn import OUTPUT_DRAIN_SECONDS, ProcessHandle, Spawner
 from .state import ModelState, check_transition
 
-__all__ = ["ModelStatistics", "ModelSupervisor", "StateListener"]
+__all__ = ["ModelStatistics", "ModelSupervisor", "StartFailure", "StateListener"]
 
 logger = logging.getLogger("llamaswap.process")
 #: Where model output is copied at debug level (it is in each model's own ring already).
@@ -56,6 +63,26 @@ StateListener = Callable[[str, ModelState], None]
 
 
 @attrs.frozen
+class StartFailure:
+    """Why a model's last start failed: its ``ModelStartFailed``, as a value."""
+
+    #: What went wrong: ``exited with status 1 while starting``, ``not ready after
+    #: healthCheckTimeout (120s)``, ``cannot run 'llama-server': ...``
+    reason: str
+    #: The whole error its requests got: the reason, the output quoted, what to check.
+    message: str
+    #: Its status, when it exited by itself while starting; None when it never ran, or
+    #: was stopped for missing ``healthCheckTimeout``.
+    exit_code: int | None
+    #: Its last lines of output in that start (``LOG_TAIL_LINES`` at most), oldest first.
+    output: tuple[str, ...]
+
+    @classmethod
+    def of(cls, error: ModelStartFailed) -> StartFailure:
+        return cls(error.reason, str(error), error.exit_code, error.log_tail)
+
+
+@attrs.frozen
 class ModelStatistics:
     model: str
     state: ModelState
@@ -74,6 +101,26 @@ class ModelStatistics:
     address: str | None = None
     #: When its load began, while it is ``starting``; None otherwise.
     starting_since: float | None = None
+    #: Why its last start failed, while it is stopped after that start; None otherwise.
+    failure: StartFailure | None = None
+
+    @property
+    def shown_state(self) -> str:
+        """Its state as routes and the dashboard show it: ``state``, but ``failed`` while
+        it is stopped after a failed start."""
+        return "failed" if self.failure is not None else self.state.value
+
+    def failure_json(self) -> dict[str, Any] | None:
+        """``failure`` as routes and events show it: null, or its fields by name."""
+        failure = self.failure
+        if failure is None:
+            return None
+        return {
+            "reason": failure.reason,
+            "message": failure.message,
+            "exit_code": failure.exit_code,
+            "output": list(failure.output),
+        }
 
     def ttl_left(self, now: float) -> float | None:
         """Seconds until the model is unloaded for idleness (0 when overdue), or None
@@ -164,6 +211,7 @@ class ModelSupervisor:
         self._ready_since: float | None = None
         self._starting_since: float | None = None
         self._address: str | None = None
+        self._failure: StartFailure | None = None  # only while STOPPED
 
     # ---------------------------------------------------------------- service
 
@@ -198,6 +246,7 @@ class ModelSupervisor:
             idle_deadline=self._idle_deadline,
             address=self._address,
             starting_since=self._starting_since,
+            failure=self._failure,
         )
 
     # ------------------------------------------------------------ public API
@@ -305,6 +354,7 @@ class ModelSupervisor:
         run = _Run(log_start=self.log.appended)
         self._run = run
         self._address = self.config.proxy
+        self._failure = None
         self._starts += 1
         self._set_state(ModelState.STARTING)
         self._nursery.start_soon(self._lifetime, run, name=f"model {self.model_id}")
@@ -412,6 +462,8 @@ class ModelSupervisor:
             run.error = ModelUnloaded(self.model_id, run.stop_reason or "stopped")
         self._run = None
         self._ready_since = None
+        error = run.error
+        self._failure = StartFailure.of(error) if isinstance(error, ModelStartFailed) else None
         self._set_state(ModelState.STOPPED)
         run.settled.set()
         run.stopped.set()

@@ -41,7 +41,7 @@ from llamaswap.errors import (
 from llamaswap.http.asgi import Inbox, send_error
 from llamaswap.http.auth import authorized, credentials
 from llamaswap.http.client import UpstreamPool
-from llamaswap.http.errors import error_answer, error_response
+from llamaswap.http.errors import error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
@@ -53,6 +53,7 @@ from llamaswap.observability import (
 )
 from llamaswap.observability.estimates import Estimator
 from llamaswap.observability.model_server import ModelServerMetrics
+from llamaswap.observability.props import ServerProps
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.events import ModelForgotten, ModelStateChanged
@@ -64,7 +65,14 @@ from . import cors, gpu, live, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
-from .operations import client_address, model_status, register
+from .operations import (
+    capability_fields,
+    client_address,
+    client_status,
+    model_status,
+    register,
+)
+from .websocket import WebSocketRelay
 
 __all__ = ["Application", "create_app"]
 
@@ -82,37 +90,25 @@ class Application:
         reloader: Reloader | None,
         router: Router,
         model_server: ModelServerMetrics,
-        listen_host: str | None = None,
+        props: ServerProps,
+        listen_hosts: tuple[str, ...] = (),
     ) -> None:
         self.router = router
         #: ``/gateway/metrics``; ``serve()`` runs its reader of the models' KV figures.
         self.model_server = model_server
+        #: The models' context lengths; ``serve()`` runs its reader of their ``/props``.
+        self.props = props
         self.quart = quart
         self.forwarder = forwarder
         self.reloader = reloader  # None: no config file to reload from
-        self.listen_host = listen_host  # a name there is one clients use (proxy/site.py)
+        self.listen_hosts = listen_hosts  # a name there is one clients use (proxy/site.py)
+        self.websockets = WebSocketRelay(router, listen_hosts)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "websocket":
-            # No route speaks WebSocket (Quart's hooks would fail outside a request
-            # context): refuse the handshake with the JSON error any bad request gets.
-            if (await receive())["type"] != "websocket.connect":
-                return  # the client left first
-            error = BadRequest(
-                "llamaswap does not accept WebSocket connections; send plain HTTP requests"
-            )
-            if "websocket.http.response" in scope.get("extensions", {}):
-                status, raw, body = error_answer(error)
-                await send(
-                    {"type": "websocket.http.response.start", "status": status, "headers": raw}
-                )
-                await send(
-                    {"type": "websocket.http.response.body", "body": body, "more_body": False}
-                )
-            else:  # the server answers 403 itself
-                await send({"type": "websocket.close", "code": 1008, "reason": str(error)})
+            await self.websockets(scope, receive, send)
             return
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # lifespan
@@ -122,7 +118,7 @@ class Application:
             send = _naming_node(config.gateway.name.encode(), send)
         route = routes.route(scope)
         inference = site.is_inference(scope["path"], proxied=route is not None)
-        refused = site.refusal(scope, config, self.listen_host, inference=inference)
+        refused = site.refusal(scope, config, self.listen_hosts, inference=inference)
         if refused is None and config.api_keys:
             try:
                 credentials(scope["headers"])  # one key field of each kind, for every route
@@ -294,7 +290,7 @@ def create_app(
     logs: Logs | None = None,
     activity: ActivityLog | None = None,
     store: ActivityStore | None = None,
-    listen_host: str | None = None,
+    listen_hosts: tuple[str, ...] = (),
 ) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
 
@@ -303,12 +299,14 @@ def create_app(
     (``proxy/live.py``); without them, idle ones are made (no coalesced events).
     ``activity``: the log finished requests are recorded in (a new one by default);
     ``store``: the opened SQLite store that ``GET /api/activity`` reads as well (its
-    writer, listening to ``activity``, is ``serve()``'s). ``listen_host``: the host of
-    the address served on; a name there is a ``Host`` requests may carry (proxy/site.py).
+    writer, listening to ``activity``, is ``serve()``'s). ``listen_hosts``: the hosts
+    of the addresses served on; a name there is a ``Host`` requests may carry (site.py).
     """
     metrics = Metrics(router)
     router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
     model_server = ModelServerMetrics(router, pool)
+    props = ServerProps(router, pool)
+    router.observe(props.on_event, ModelStateChanged, ModelForgotten)
     if hub is None:
         hub = EventHub()  # idle: its coalesced events are never sent
     reloader = None
@@ -381,27 +379,32 @@ def create_app(
         name: str, target: Local | Peer, *, now: float, wall_now: float
     ) -> dict[str, Any]:
         """The ``/v1/models`` entry for ``name`` (an ID, alias or peer name) of ``target``."""
-        meta: dict[str, Any]
-        if isinstance(target, Peer):
-            qualified = f"{target.peer_id}/{target.model}"
-            model_name, description, meta = qualified, "", {"peer": target.peer_id}
-        else:
-            model = router.config.models[target.model_id]  # the current config: names' own
-            stats = router.statistics(target.model_id)
-            ttl = router.definition(target.model_id).idle_ttl
-            status = model_status(stats, ttl, now=now, wall_now=wall_now)
-            model_name = model.name or target.model_id
-            description = model.description or ""
-            status.update(memory_entry(router.resources, target.model_id))
-            meta = {**model.metadata, "llamaswap": status}
-        return {
+        entry: dict[str, Any] = {
             "id": name,
             "object": "model",
             "created": created,
             "owned_by": "llamaswap",
-            "name": model_name,
-            "description": description,
-            "meta": meta,
+        }
+        if isinstance(target, Peer):  # its state is the peer's to say
+            qualified = f"{target.peer_id}/{target.model}"
+            return entry | {
+                "name": qualified,
+                "description": "",
+                "context_length": None,
+                "meta": {"peer": target.peer_id},
+            }
+        model = router.config.models[target.model_id]  # the current config: names' own
+        stats = router.statistics(target.model_id)
+        ttl = router.definition(target.model_id).idle_ttl
+        status = model_status(stats, ttl, now=now, wall_now=wall_now)
+        status.update(memory_entry(router.resources, target.model_id))
+        return entry | {
+            "name": model.name or target.model_id,
+            "description": model.description or "",
+            "status": client_status(stats),
+            "context_length": props.context_length(target.model_id),
+            **capability_fields(model.capabilities),
+            "meta": {**model.metadata, "llamaswap": status},
         }
 
     @quart.get("/v1/models")
@@ -437,18 +440,19 @@ def create_app(
         entries = []
         for model_id in router.known_models():
             stats = router.statistics(model_id)
-            if stats.state.value == "stopped":
+            if stats.shown_state == "stopped":
                 continue
             model = router.definition(model_id)
             entries.append(
                 {
                     "model": model_id,
                     "name": model.name or model_id,
-                    "state": stats.state.value,
+                    "state": stats.shown_state,
                     "proxy": model.proxy,
                     "ttl": model.idle_ttl,
                     "pid": stats.pid,
                     "in_flight": stats.in_flight,
+                    "failure": stats.failure_json(),
                     **memory_entry(router.resources, model_id),
                 }
             )
@@ -528,4 +532,4 @@ def create_app(
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder, estimator=estimator)
-    return Application(quart, forwarder, reloader, router, model_server, listen_host)
+    return Application(quart, forwarder, reloader, router, model_server, props, listen_hosts)

@@ -92,12 +92,15 @@ class Payload:
         return getattr(self._head, name)
 
 
-def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
-    """The model named by the request.
+def read_model(
+    where: ModelIn, payload: Payload, query: bytes, *, default: str | None = None
+) -> str:
+    """The model named by the request; ``default`` when it names none (no ``model``,
+    or an empty one).
 
     Raises:
-        BadRequest: the body is not JSON (or not a form), names no model, or its ``model``
-            is not a string.
+        BadRequest: the body is not JSON (or not a form), its ``model`` is not a string,
+            or it names no model and there is no ``default``.
     """
     model: object  # a JSON body may hold anything there
     if where is ModelIn.QUERY:
@@ -109,10 +112,14 @@ def read_model(where: ModelIn, payload: Payload, query: bytes) -> str:
     if model is not None and not isinstance(model, str):
         kind = _JSON_KINDS.get(type(model), type(model).__name__)
         raise BadRequest(f"'model' must be a string (a model's name), got {kind}", param="model")
-    if not model:
-        fix = "add ?model=NAME to the URL" if where is ModelIn.QUERY else "set the 'model' field"
-        raise BadRequest(f"the request names no model: {fix}", param="model")
-    return model
+    if model:
+        return model
+    if default is not None:
+        return default
+    fix = "add ?model=NAME to the URL" if where is ModelIn.QUERY else "set the 'model' field"
+    raise BadRequest(
+        f"the request names no model: {fix}, or set defaultModel in the config", param="model"
+    )
 
 
 #: JSON's names for the types ``json.loads`` gives.

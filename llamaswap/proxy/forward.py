@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from functools import partial
+from functools import lru_cache, partial
 from typing import final
+from urllib.parse import parse_qsl
 
 import attrs
 import trio
@@ -40,6 +42,7 @@ from llamaswap.errors import (
     BadRequest,
     BodyTooLarge,
     MethodNotAllowed,
+    ModelNotLoaded,
     ModelStartFailed,
     RequestError,
     ShuttingDown,
@@ -59,6 +62,7 @@ from llamaswap.http.headers import (
 )
 from llamaswap.observability import UsageTap
 from llamaswap.observability.estimates import Estimator
+from llamaswap.process import ModelState
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
 from llamaswap.router.names import Names, Peer
@@ -89,10 +93,12 @@ _READ = frozenset(
         b"transfer-encoding",
         PRIORITY_HEADER.encode(),
         b"x-llamaswap-preemptible",
+        b"x-llamaswap-autoload",
     }
 )
-#: ``X-LlamaSwap-Preemptible: false`` (or 0, no) opts a request out of preemption.
-_PINNED = frozenset({"false", "0", "no"})
+#: ``X-LlamaSwap-Preemptible: false`` (or 0, no) opts a request out of preemption, and
+#: ``X-LlamaSwap-Autoload: false`` (or ``?autoload=false``) out of loading its model.
+_NO = frozenset({"false", "0", "no"})
 #: The routes ``anthropic = "translate"`` answers by way of chat completions.
 _MESSAGES = (anthropic.MESSAGES_PATH, anthropic.COUNT_TOKENS_PATH)
 
@@ -273,7 +279,9 @@ class Forwarder:
         priority = headers.get(PRIORITY_HEADER)
         exchange.priority = 0 if priority is None else parse_priority([priority])
         if route.model_in is None:
-            name, target, upstream_path = upstream_target(scope, self._names)
+            name, target, upstream_path = upstream_target(
+                scope, self._names, comfyui=route.comfyui
+            )
             if upstream_path is None:
                 await _redirect_to_slash(scope, reply)
                 return
@@ -291,10 +299,11 @@ class Forwarder:
                     "llamaswap reads the model from it: send it uncompressed"
                 )
             payload = Payload(await body.read(), content_type)
-            name = read_model(route.model_in, payload, query)
+            default = self._config.fallback_model()
+            name = read_model(route.model_in, payload, query, default=default)
             exchange.metadata["requested_model"] = name
             target = self._names.resolve(name)
-            path = scope["path"]
+            path = scope["path"][len(route.strip) :]
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
@@ -305,6 +314,7 @@ class Forwarder:
             await self._forward(exchange, scope, upstream, body, reply)
             return
         exchange.model = target.model_id
+        check_autoload(self._router, target.model_id, headers, query, route, path)
         model = self._config.models[target.model_id]
         translation = None  # set when /v1/messages goes to a chat-completions server
         messages = route.model_in is not None and path in _MESSAGES
@@ -365,7 +375,7 @@ class Forwarder:
         and for a generation that can be resumed exactly."""
         return (
             preemptible(self._config, model_id)
-            and headers.get("x-llamaswap-preemptible", "").strip().lower() not in _PINNED
+            and headers.get("x-llamaswap-preemptible", "").strip().lower() not in _NO
             and payload is not None
             and resume.generation(path, payload.json()) is not None
         )
@@ -670,6 +680,45 @@ def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> 
     if scope["path"] != "/v1/chat/completions" or payload is None:
         return False
     return payload.field("stream") is True
+
+
+def check_autoload(
+    router: Router,
+    model_id: str,
+    headers: Mapping[str, str],
+    query: bytes,
+    route: Route,
+    path: str,
+) -> None:
+    """Raises ModelNotLoaded if ``model_id`` is not ready and the request may not load
+    it: it says so; it is an ``/upstream`` request (``path``: the path after the model's
+    name) to one of ``upstream.ignorePaths`` (a web UI's files); or it is a ``/comfyui``
+    request for anything but ComfyUI's page itself (as llama-swap has it: a tab left open
+    never loads it again). A model unloaded just after this check is loaded again for the
+    request."""
+    if router.model_state(model_id) is ModelState.READY:
+        return
+    if headers.get("x-llamaswap-autoload", "").strip().lower() in _NO:
+        raise ModelNotLoaded(model_id, "the request says X-LlamaSwap-Autoload: false")
+    if b"autoload" in query and _query_value(query, "autoload") in _NO:
+        raise ModelNotLoaded(model_id, "the request says ?autoload=false")
+    if route.comfyui and path != "/":
+        raise ModelNotLoaded(model_id, "only /comfyui/ itself loads it")
+    ignored = ignored_paths(router.config.upstream.ignore_paths)
+    if route.model_in is None and ignored.search(path):
+        raise ModelNotLoaded(model_id, "its path is one of upstream.ignorePaths")
+
+
+def _query_value(query: bytes, name: str) -> str:
+    """The first value of ``name`` in the query string, lowercased ("" if absent)."""
+    return dict(parse_qsl(query.decode("latin-1"))).get(name, "").strip().lower()
+
+
+@lru_cache(maxsize=8)
+def ignored_paths(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """``upstream.ignorePaths`` as one expression, searched as llama-swap does (a match
+    anywhere in the path); validation has compiled each pattern already."""
+    return re.compile("|".join(f"(?:{pattern})" for pattern in patterns) or r"(?!)")
 
 
 def _peer_auth(peer: Peer) -> list[tuple[bytes, bytes]]:

@@ -55,9 +55,8 @@ def resources_document(router: Router) -> dict[str, Any]:
     probe = resources.probe
     models = {}
     for model in router.shown_models():
-        state = router.model_state(model)
         models[model] = {
-            "state": state.value,
+            "state": router.statistics(model).shown_state,
             **memory_entry(resources, model),
             "load_seconds": resources.load_seconds(model),
             "serve_seconds": resources.serve_seconds(model),

@@ -24,6 +24,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from llamaswap._version import versions
+from llamaswap.config import Capabilities
 from llamaswap.errors import RequestCancelled
 from llamaswap.observability.estimates import estimates
 from llamaswap.process import ModelStatistics
@@ -32,7 +33,10 @@ from llamaswap.router.lease import RequestInfo
 from llamaswap.schedulers import RequestState
 
 __all__ = [
+    "CLIENT_STATUS",
+    "capability_fields",
     "client_address",
+    "client_status",
     "inflight_entry",
     "iso_time",
     "model_status",
@@ -104,18 +108,72 @@ def model_status(
     """A model's ``meta.llamaswap`` in ``/v1/models``.
 
     ``ttl`` is null when the model has none; ``ttl_left`` is null unless the idle countdown
-    is running (the model is ready, has a TTL and no request in flight).
+    is running (the model is ready, has a TTL and no request in flight); ``failure`` is
+    null unless its state is ``failed``.
     """
     loaded_since = None
     if stats.ready_since is not None:
         loaded_since = iso_time(to_wall_clock(stats.ready_since, now=now, wall_now=wall_now))
     left = None if ttl is None else stats.ttl_left(now)
     return {
-        "state": stats.state.value,
+        "state": stats.shown_state,
         "loaded_since": loaded_since,
         "ttl": ttl,
         "ttl_left": None if left is None else round(left, 3),
+        "failure": stats.failure_json(),
     }
+
+
+#: ``status.value`` in ``/v1/models``, by the state shown: the words of llama.cpp's
+#: router, which Open WebUI reads (a model stopping is no longer usable: ``unloaded``).
+CLIENT_STATUS = {
+    "starting": "loading",
+    "ready": "loaded",
+    "stopping": "unloaded",
+    "stopped": "unloaded",
+    "failed": "failed",
+}
+
+
+def client_status(stats: ModelStatistics) -> dict[str, Any]:
+    """A model's ``status`` in ``/v1/models``: its ``value`` and, after a failed start,
+    ``failed`` and ``exit_code``, as llama.cpp's router adds them."""
+    status: dict[str, Any] = {"value": CLIENT_STATUS[stats.shown_state]}
+    if stats.failure is not None:
+        status |= {"failed": True, "exit_code": stats.failure.exit_code}
+    return status
+
+
+def capability_fields(capabilities: Capabilities) -> dict[str, Any]:
+    """What a model's ``capabilities`` add to its ``/v1/models`` entry, named as llama-swap
+    names them (OpenRouter's names): ``architecture`` with the modalities it reads and
+    writes, ``capabilities`` with what those and ``tools``/``reranker`` make it able to
+    do, and ``supported_parameters`` for ``tools``; each only when it says something."""
+    read, written = capabilities.in_, capabilities.out
+    fields: dict[str, Any] = {}
+    architecture: dict[str, Any] = {}
+    if read:
+        architecture["input_modalities"] = list(read)
+    if written:
+        architecture["output_modalities"] = list(written)
+    if read and written:
+        architecture["modality"] = f"{'+'.join(read)}->{'+'.join(written)}"
+    if architecture:
+        fields["architecture"] = architecture
+    able = {
+        "vision": "image" in read,
+        "audio_transcriptions": "audio" in read and "text" in written,
+        "audio_speech": "text" in read and "audio" in written,
+        "image_generation": "text" in read and "image" in written,
+        "image_to_image": "image" in read and "image" in written,
+        "function_calling": capabilities.tools,
+        "reranker": capabilities.reranker,
+    }
+    if any(able.values()):
+        fields["capabilities"] = {name: True for name, yes in able.items() if yes}
+    if capabilities.tools:
+        fields["supported_parameters"] = ["tools", "tool_choice"]
+    return fields
 
 
 def _json(document: Any, status: int = 200) -> Response:

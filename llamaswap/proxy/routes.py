@@ -7,7 +7,7 @@ import re
 from urllib.parse import quote, unquote_to_bytes
 
 import attrs
-from hypercorn.typing import HTTPScope
+from hypercorn.typing import HTTPScope, WebsocketScope
 
 from llamaswap.errors import BadRequest
 from llamaswap.router.names import Local, Names, Peer
@@ -15,16 +15,24 @@ from llamaswap.router.names import Local, Names, Peer
 from .extract import ModelIn
 
 __all__ = [
+    "COMFYUI_MODEL",
     "INFERENCE",
     "METHODS",
     "UPSTREAM_PREFIX",
     "Route",
+    "passthrough",
     "route",
     "slash_location",
     "upstream_target",
 ]
 
 UPSTREAM_PREFIX = "/upstream/"
+#: ``/comfyui/{path}``: ``/upstream/comfyui_auto/{path}``, as llama-swap serves ComfyUI.
+COMFYUI_PREFIX = "/comfyui"
+COMFYUI_MODEL = "comfyui_auto"
+#: Prefixes of routes forwarded without them.
+VERSIONLESS_PREFIX = "/v"
+AUDIOAPI_PREFIX = "/audioapi"
 #: What may stay unescaped in a forwarded path (RFC 3986 pchar and "/").
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 _HEX = re.compile(rb"[0-9A-Fa-f]{2}")
@@ -48,38 +56,107 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
             "/v1/messages/count_tokens",
             "/v1/audio/speech",
             "/v1/images/generations",
+            # llama-server serves the OpenAI routes without /v1 too, and its own.
+            "/chat/completions",
+            "/completions",
+            "/responses",
+            "/embeddings",
+            "/embedding",
+            "/tokenize",
+            "/detokenize",
+            "/apply-template",
+            # image servers (stable-diffusion.cpp, the AUTOMATIC1111 API)
+            "/sdapi/v1/txt2img",
+            "/sdapi/v1/img2img",
+            # audio.cpp's task API, forwarded without /audioapi
+            f"{AUDIOAPI_PREFIX}/v1/tasks/run",
+        )
+    },
+    # llama-swap's versionless routes, forwarded without /v (/v/chat/completions goes to
+    # the model server as /chat/completions).
+    **{
+        ("POST", f"{VERSIONLESS_PREFIX}/{path}"): _J
+        for path in (
+            "chat/completions",
+            "responses",
+            "completions",
+            "messages",
+            "messages/count_tokens",
+            "embeddings",
+            "rerank",
+            "reranking",
         )
     },
     ("POST", "/v1/audio/transcriptions"): _M,
     ("POST", "/v1/images/edits"): _M,
     ("GET", "/v1/audio/voices"): _Q,
+    # llama.cpp's routes whose body (if any) names no model: ?model=NAME, or the default.
     ("GET", "/props"): _Q,
+    ("POST", "/props"): _Q,
+    ("GET", "/slots"): _Q,
+    ("GET", "/lora-adapters"): _Q,
+    ("POST", "/lora-adapters"): _Q,
+    ("GET", "/tools"): _Q,
+    ("POST", "/tools"): _Q,
+    ("GET", "/sdapi/v1/loras"): _Q,
 }
+
 
 #: The methods each inference path answers to, for a JSON 405 on the others. A GET path
 #: answers HEAD too, forwarded as it came.
-METHODS = {path: "GET, HEAD" if method == "GET" else method for method, path in INFERENCE}
+def _allowed_methods() -> dict[str, str]:
+    allowed: dict[str, list[str]] = {}
+    for method, path in INFERENCE:
+        allowed.setdefault(path, []).append("GET, HEAD" if method == "GET" else method)
+    return {path: ", ".join(methods) for path, methods in allowed.items()}
+
+
+METHODS = _allowed_methods()
 
 
 @attrs.frozen
 class Route:
     """How a proxied route names its model: in the body/query, or in the path."""
 
-    model_in: ModelIn | None  # None: /upstream/{model}/{path}
+    model_in: ModelIn | None  # None: /upstream/{model}/{path}, or /comfyui/{path}
     wrong_method: bool = False
+    #: The prefix the path goes to the model server without (``/v``, ``/audioapi``).
+    strip: str = ""
+    #: ``/comfyui``: the one model it reaches, which only ``/comfyui/`` itself may load.
+    comfyui: bool = False
+
+
+def _strip(path: str) -> str:
+    for prefix in (f"{VERSIONLESS_PREFIX}/", f"{AUDIOAPI_PREFIX}/"):
+        if path.startswith(prefix):
+            return prefix[:-1]
+    return ""
 
 
 # Made once, looked up by every request (a frozen attrs value is slow to build: each field
 # goes through object.__setattr__).
-_ROUTES = {key: Route(model_in) for key, model_in in INFERENCE.items()}
+_ROUTES = {key: Route(model_in, strip=_strip(key[1])) for key, model_in in INFERENCE.items()}
 _UPSTREAM_ROUTE = Route(None)
+_COMFYUI_ROUTE = Route(None, comfyui=True)
 _WRONG_METHOD = Route(None, wrong_method=True)
+
+
+def passthrough(path: str) -> Route | None:
+    """The route of ``/upstream/{model}/{path}`` or ``/comfyui/{path}``; None for any other
+    path (the routes a WebSocket may take)."""
+    if path.startswith(UPSTREAM_PREFIX):
+        return _UPSTREAM_ROUTE
+    if path == COMFYUI_PREFIX or path.startswith(f"{COMFYUI_PREFIX}/"):
+        return _COMFYUI_ROUTE
+    return None
 
 
 def route(scope: HTTPScope) -> Route | None:
     """The route ``scope`` asks for, or ``None`` if this is not a proxied route."""
-    if scope["path"].startswith(UPSTREAM_PREFIX):
-        return _UPSTREAM_ROUTE
+    path = scope["path"]
+    through = passthrough(path)
+    if through is not None:
+        return through
     method = "GET" if scope["method"] == "HEAD" else scope["method"]
     found = _ROUTES.get((method, scope["path"]))
     if found is not None:
@@ -87,17 +164,24 @@ def route(scope: HTTPScope) -> Route | None:
     return _WRONG_METHOD if scope["path"] in METHODS else None
 
 
-def upstream_target(scope: HTTPScope, names: Names) -> tuple[str, Local | Peer, str | None]:
-    """What ``/upstream/{model}{rest}`` asks for: the name in the path, the model it
-    names, and ``rest`` as the client escaped it; None for ``rest`` when it is empty
-    (``/upstream/{model}``: answered with a redirect to ``slash_location``).
+def upstream_target(
+    scope: HTTPScope | WebsocketScope, names: Names, *, comfyui: bool = False
+) -> tuple[str, Local | Peer, str | None]:
+    """What ``/upstream/{model}{rest}`` (or ``/comfyui{rest}``, for ``comfyui_auto``) asks
+    for: the name in the path, the model it names, and ``rest`` as the client escaped it;
+    None for ``rest`` when it is empty (``/upstream/{model}``: answered with a redirect to
+    ``slash_location``).
 
     Raises:
         ModelNotFound: no model by that name.
         BadRequest: ``rest`` has dot segments.
     """
-    name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
-    target, path = names.resolve_path(name, rest)
+    if comfyui:
+        name = COMFYUI_MODEL
+        target, path = names.resolve(name), scope["path"][len(COMFYUI_PREFIX) :] or "/"
+    else:
+        name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
+        target, path = names.resolve_path(name, rest)
     _refuse_dot_segments(scope["path"], path)
     if path == "/" and not scope["path"].endswith("/"):
         return name, target, None
@@ -132,7 +216,7 @@ def _refuse_dot_segments(full: str, rest: str) -> None:
             )
 
 
-def _as_escaped(scope: HTTPScope, rest: str) -> str:
+def _as_escaped(scope: HTTPScope | WebsocketScope, rest: str) -> str:
     """``rest``, the decoded end of an ``/upstream/{model}{rest}`` path, as the client
     escaped it (``a%2Fb`` stays one segment), found by walking the raw path past the part
     that decodes to ``/upstream/{model}``; re-escaped from ``rest`` if they do not line up."""

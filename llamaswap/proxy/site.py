@@ -42,12 +42,12 @@ from __future__ import annotations
 import functools
 import ipaddress
 
-from hypercorn.typing import HTTPScope
+from hypercorn.typing import HTTPScope, WebsocketScope
 
 from llamaswap.config.model import Config
 from llamaswap.errors import CrossSiteRequest, HostNotAllowed, RequestError
 
-__all__ = ["cors_origins", "is_inference", "refusal"]
+__all__ = ["cors_origins", "is_inference", "refusal", "websocket_refusal"]
 
 #: Methods that change nothing (a preflight is answered before any route).
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -82,12 +82,12 @@ def _named(origins: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def refusal(
-    scope: HTTPScope, config: Config, listen_host: str | None, *, inference: bool
+    scope: HTTPScope, config: Config, listen_hosts: tuple[str, ...], *, inference: bool
 ) -> RequestError | None:
     """Why llamaswap must not serve this request, or ``None``.
 
-    ``listen_host``: the host of the address llamaswap listens on (a name there is one
-    clients use). ``inference``: the route is on the inference side (:func:`is_inference`).
+    ``listen_hosts``: the hosts of the addresses llamaswap listens on (a name there is
+    one clients use). ``inference``: the route is on the inference side (:func:`is_inference`).
     """
     hosts: list[bytes] = []
     origin = fetch_site = content_type = None
@@ -104,7 +104,7 @@ def refusal(
                 fetch_site = value
         elif name == b"content-type":
             content_type = value
-    if hosts and not _host_allowed(hosts, config.allowed_hosts, listen_host):
+    if hosts and not _host_allowed(hosts, config.allowed_hosts, listen_hosts):
         return HostNotAllowed(b", ".join(hosts).decode("latin-1"))
     method, path = scope["method"], scope["path"]
     if method in _SAFE and (inference or path not in _UNSAFE_GET):
@@ -136,6 +136,32 @@ def refusal(
     return None
 
 
+def websocket_refusal(
+    scope: WebsocketScope, config: Config, listen_hosts: tuple[str, ...]
+) -> RequestError | None:
+    """Why llamaswap must not accept this WebSocket handshake, or ``None``: a ``Host`` it
+    does not answer to, as for any request; and a page's handshake (it has an ``Origin``)
+    from anywhere but llamaswap's own origin or one ``corsOrigins`` lists by name.
+    Browsers apply no CORS to WebSockets, so any page could otherwise open one to a
+    model server's UI and drive it (cross-site WebSocket hijacking): ``"*"`` does not
+    count here."""
+    hosts = [value for name, value in scope["headers"] if name.lower() == b"host"]
+    if hosts and not _host_allowed(hosts, config.allowed_hosts, listen_hosts):
+        return HostNotAllowed(b", ".join(hosts).decode("latin-1"))
+    origin = next((value for name, value in scope["headers"] if name.lower() == b"origin"), None)
+    if origin is None:
+        return None  # not a browser
+    page = origin.decode("latin-1")
+    key = _origin_key(page)
+    scheme = "https" if scope["scheme"] == "wss" else "http"
+    own = len(hosts) == 1 and key == _origin_key(f"{scheme}://{hosts[0].decode('latin-1')}")
+    if key is not None and (own or key in _listed(config.cors_origins)):
+        return None
+    reason = f"it comes from a page at {page!r}, another site"
+    hint = "a page may open a WebSocket only from llamaswap's origin or one corsOrigins names"
+    return CrossSiteRequest("WebSocket", scope["path"], reason, hint)
+
+
 def _hint(inference: bool) -> str:
     if inference:
         return "if the page is yours, add its origin to corsOrigins"
@@ -146,16 +172,20 @@ def _hint(inference: bool) -> str:
     )
 
 
-def _host_allowed(hosts: list[bytes], allowed: tuple[str, ...], listen_host: str | None) -> bool:
+def _host_allowed(
+    hosts: list[bytes], allowed: tuple[str, ...], listen_hosts: tuple[str, ...]
+) -> bool:
     if "*" in allowed:
         return True
     if len(hosts) != 1:
         return False  # RFC 9112 §3.2: exactly one
-    return _one_host_allowed(hosts[0], allowed, listen_host)
+    return _one_host_allowed(hosts[0], allowed, listen_hosts)
 
 
 @functools.lru_cache(maxsize=256)
-def _one_host_allowed(host: bytes, allowed: tuple[str, ...], listen_host: str | None) -> bool:
+def _one_host_allowed(
+    host: bytes, allowed: tuple[str, ...], listen_hosts: tuple[str, ...]
+) -> bool:
     """Whether ``host`` is a Host llamaswap answers to. Cached: clients send the same one
     on every request, and parsing an address is a few microseconds."""
     parsed = _authority(host.decode("latin-1"))
@@ -164,9 +194,7 @@ def _one_host_allowed(host: bytes, allowed: tuple[str, ...], listen_host: str | 
     name = parsed[0]
     if name == "localhost" or name.endswith(".localhost") or _is_address(name):
         return True
-    if listen_host is not None and name == _normal(listen_host):
-        return True
-    for entry in allowed:
+    for entry in (*listen_hosts, *allowed):
         entry = _normal(entry)
         if entry == name or (entry.startswith("*.") and name.endswith(entry[1:])):
             return True

@@ -69,3 +69,20 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=60,
     )
     return folder
+
+
+@pytest.fixture(scope="session")
+def macros(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The ``[macros]`` lines naming llama-server and its library folder, as
+    ``examples/llama_server_bin.py`` prints them (or a skip, saying why)."""
+    libs = tmp_path_factory.mktemp("llama-libs")
+    found = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "llama_server_bin.py"), str(libs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if found.returncode == 1 and found.stderr.startswith("error: "):
+        pytest.skip(found.stderr.strip().removeprefix("error: "))
+    assert found.returncode == 0, found.stderr
+    return found.stdout

@@ -27,7 +27,7 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 MARKER_VARIABLE = "LLAMASWAP_TEST_MARKER"
 FAKE = "python -m llamaswap.fake_server --port ${PORT} --model-name ${MODEL_ID}"
-LISTENING = re.compile(r"llamaswap: listening on (?P<url>http://\S+)")
+LISTENING = re.compile(r"llamaswap: listening on (?P<url>https?://\S+)")
 
 
 #: Ports handed out to model servers in tests: below the ephemeral range (32768+), where the
@@ -178,7 +178,9 @@ async def start_proxy(
     path = tmp_path / f"config-{uuid.uuid4().hex[:8]}.toml"
     path.write_text(config)
     marker = uuid.uuid4().hex
-    argv = [sys.executable, *launch, "--config", str(path), "--listen", "127.0.0.1:0"]
+    argv = [sys.executable, *launch, "--config", str(path)]
+    if "--listen" not in args:  # a test's own replaces it: several are all served
+        argv += ["--listen", "127.0.0.1:0"]
     argv += ["--log-level", log_level, *args]
     process = await trio.lowlevel.open_process(
         argv,
@@ -187,31 +189,41 @@ async def start_proxy(
         env={**child_env(marker, source), **(env or {})},
         cwd=source,
     )
-    output = Output()
-    assert process.stdout is not None
-    nursery.start_soon(output.collect, process.stdout)
-    proxy = ProxyProcess(process, "", output, marker, path)
+    proxy = ProxyProcess(process, "", collected(nursery, process), marker, path)
     try:
         with trio.fail_after(20):
-            proxy.url = (await output.wait_for(LISTENING.pattern))["url"]
+            proxy.url = (await proxy.output.wait_for(LISTENING.pattern))["url"]
     except BaseException:
         await stop_proxy(proxy)
         raise
     return proxy
 
 
+def collected(nursery: trio.Nursery, process: trio.Process) -> Output:
+    """The lines ``process`` prints, collected by a task in ``nursery``."""
+    output = Output()
+    assert process.stdout is not None
+    nursery.start_soon(output.collect, process.stdout)
+    return output
+
+
 async def stop_proxy(proxy: ProxyProcess) -> None:
     """SIGTERM (SIGKILL if it hangs), reap, and check that nothing it started survives."""
+    await stop(proxy.process, proxy.marker, grace=30)
+
+
+async def stop(process: trio.Process, marker: str, *, grace: float) -> None:
+    """SIGTERM (SIGKILL after ``grace`` seconds), reap, and check that nothing the
+    process started (whatever carries ``marker``) survives."""
     with trio.CancelScope(shield=True):
-        process = proxy.process
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(30):
+            with trio.move_on_after(grace):
                 await process.wait()
         if process.returncode is None:
             process.kill()
             await process.wait()
-        await wait_until(lambda: not survivors(proxy.marker), within=5)
+        await wait_until(lambda: not survivors(marker), within=5)
 
 
 async def running(client: httpx.AsyncClient) -> dict[str, dict[str, object]]:
@@ -294,9 +306,7 @@ async def start_gateway(
     process = await trio.lowlevel.open_process(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(marker), cwd=REPO
     )
-    output = Output()
-    assert process.stdout is not None
-    nursery.start_soon(output.collect, process.stdout)
+    output = collected(nursery, process)
     gateway = GatewayProcess(process, output, marker)
     try:
         with trio.fail_after(30):
@@ -312,13 +322,4 @@ async def start_gateway(
 
 async def stop_gateway(gateway: GatewayProcess) -> None:
     """SIGTERM (SIGKILL if it hangs), reap, and check that its Envoy is gone too."""
-    with trio.CancelScope(shield=True):
-        process = gateway.process
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(10):
-                await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await wait_until(lambda: not survivors(gateway.marker), within=5)
+    await stop(gateway.process, gateway.marker, grace=10)

@@ -383,6 +383,7 @@ async def test_models_props_not_found_and_bad_json() -> None:
     model = {"id": "qwen", "object": "model", "created": 0, "owned_by": "fake"}
     assert models.json() == {"object": "list", "data": [model]}
     assert props.json()["model"] == "qwen"
+    assert props.json()["default_generation_settings"]["n_ctx"] == 4096  # as llama-server's
     assert missing.status_code == 404
     assert "error" in missing.json()
     for response in (bad, no_messages):

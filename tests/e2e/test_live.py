@@ -420,6 +420,7 @@ async def test_events_tell_a_load_serve_unload_in_order_and_a_late_client_the_st
             "loaded_for_ms": snapshot["models"][0]["loaded_for_ms"],
             "in_flight": 0,
             "waiting": 0,
+            "failure": None,
         }
     ]
     assert snapshot["models"][0]["loaded_for_ms"] > 0

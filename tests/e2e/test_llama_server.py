@@ -15,8 +15,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import REPO, ProxyProcess, free_port_base, running
+from tests.e2e.harness import ProxyProcess, free_port_base, running
 from tests.e2e.tiny import EOS, chat, content, swap_between_the_two_models
 
 pytest.importorskip("gguf", reason="needs the gguf package: pip install -e '.[llamaserver]'")
@@ -34,22 +32,6 @@ pytestmark = pytest.mark.llamaserver
 
 #: llama-server's log lines for a request taking a slot, and giving it back.
 SLOT_EVENT = re.compile(r"\[tiny-a\].* (?P<what>launch|release)\w*: id +(?P<slot>\d+) \| task")
-
-
-@pytest.fixture(scope="module")
-def macros(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The ``[macros]`` lines naming llama-server and its library folder (or a skip)."""
-    libs = tmp_path_factory.mktemp("llama-libs")
-    found = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "llama_server_bin.py"), str(libs)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if found.returncode == 1 and found.stderr.startswith("error: "):
-        pytest.skip(found.stderr.strip().removeprefix("error: "))
-    assert found.returncode == 0, found.stderr
-    return found.stdout
 
 
 @pytest.fixture
@@ -208,6 +190,43 @@ async def test_requests_arriving_while_the_model_loads_wait_for_health(
                 await trio.to_thread.run_sync(gate.write_text, "open")
     assert [reply.status_code for reply in replies] == [200, 200]
     assert content(replies[0]) == content(replies[1])  # greedy: the same answer twice
+
+
+async def test_models_say_llama_server_s_context_length_and_a_failed_start(
+    proxy_factory: StartProxy, config: str
+) -> None:
+    """``/v1/models`` as clients read it: once loaded, the context one request may fill,
+    as llama-server's ``GET /props`` says it; a model whose llama-server cannot load its
+    file is ``failed``, with llama-server's exit status and last lines."""
+    broken = '\n[models.broken]\ncmd = "${server} -m /nonexistent/missing.gguf"\n'
+    proxy = await proxy_factory(config + broken + 'env = { LD_LIBRARY_PATH = "${llama-libs}" }\n')
+
+    async def entry(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
+        found: dict[str, Any] = (await client.get(f"/v1/models/{model}")).json()
+        return found
+
+    async with proxy.client() as client:
+        with trio.fail_after(120):
+            assert (await client.post("/api/models/load/tiny-a")).status_code == 200
+            props = (await client.get("/props?model=tiny-a")).json()
+            # Read off the request path, once the model is ready: polled over HTTP.
+            while (tiny := await entry(client, "tiny-a"))["context_length"] is None:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            failed = await client.post("/api/models/load/broken")
+            broken_entry = await entry(client, "broken")
+    assert tiny["status"] == {"value": "loaded"}
+    assert tiny["context_length"] == props["default_generation_settings"]["n_ctx"]
+    assert tiny["context_length"] in (4096, 8192)  # -c 8192 -np 2: a slot's share, or all
+    assert failed.status_code == 502
+    failure = broken_entry["meta"]["llamaswap"]["failure"]
+    assert broken_entry["status"] == {
+        "value": "failed",
+        "failed": True,
+        "exit_code": failure["exit_code"],
+    }
+    assert failure["exit_code"] not in (None, 0)
+    assert failure["reason"] == f"exited with status {failure['exit_code']} while starting"
+    assert any("missing.gguf" in line for line in failure["output"]), failure["output"]
 
 
 async def test_two_parallel_slots_generate_side_by_side(

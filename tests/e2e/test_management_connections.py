@@ -148,7 +148,7 @@ async def test_a_kept_alive_connection_its_client_closes_is_closed_at_once(
     # In-process, to know when the server has finished its answer and waits for the next
     # request (every task blocked): a client closing before that raced hypercorn's own
     # bookkeeping, which then closed the connection at once anyway.
-    url = await nursery.start(partial(serve, one_model(), listen="127.0.0.1:0"))
+    (url,) = await nursery.start(partial(serve, one_model(), listen=["127.0.0.1:0"]))
     host, _, port = url.removeprefix("http://").partition(":")
     client = h11.Connection(h11.CLIENT)
     async with await trio.open_tcp_stream(host, int(port)) as stream:

@@ -327,7 +327,14 @@ async def test_models_list_their_state_before_and_after_a_load(proxy_factory: St
         "memory_source": None,
         "memory_held": {},
     }  # no GPU probe
-    nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None, **unknown}
+    nothing = {
+        "state": "stopped",
+        "loaded_since": None,
+        "ttl": None,
+        "ttl_left": None,
+        "failure": None,
+        **unknown,
+    }
     assert stopped == {
         "alpha": {"family": "test", "llamaswap": {**nothing, "ttl": 300}},
         "beta": {"llamaswap": nothing},
@@ -339,6 +346,103 @@ async def test_models_list_their_state_before_and_after_a_load(proxy_factory: St
     assert before - 0.01 <= wall(alpha["loaded_since"]) <= after
     assert 300 - (time.time() - before) <= alpha["ttl_left"] <= 300
     assert loaded["beta"] == {"llamaswap": nothing}
+
+
+CLIENTS = config(
+    """
+[models.alpha]
+cmd = "${fake}"
+capabilities = { in = ["text", "image"], out = ["text"], tools = true }
+[models.long]
+cmd = "${fake}"
+capabilities.context = 131072
+[models.broken]
+cmd = "${fake} --load-seconds 0.5 --fail-start"
+"""
+)
+
+
+async def listed(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+    """``GET /v1/models`` as a map from ID to entry."""
+    return {entry["id"]: entry for entry in (await client.get("/v1/models")).json()["data"]}
+
+
+async def test_models_say_their_status_context_length_and_capabilities_where_clients_look(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(CLIENTS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            before = await listed(client)
+            assert (await client.post("/api/models/load/alpha")).status_code == 200
+            loaded = await listed(client)
+            # Its server's GET /props is read once it is ready, off the request path.
+            await proxy.output.wait_for(r"model 'alpha': context length 4096 \(GET /props\)")
+            read = await listed(client)
+            assert (await client.post("/api/models/unload/alpha")).status_code == 200
+            unloaded = await listed(client)
+    assert {k: v for k, v in before["alpha"].items() if k != "meta"} == {
+        "id": "alpha",
+        "object": "model",
+        "created": before["alpha"]["created"],
+        "owned_by": "llamaswap",
+        "name": "alpha",
+        "description": "",
+        "status": {"value": "unloaded"},
+        "context_length": None,  # not loaded yet, and no capabilities.context
+        "architecture": {
+            "input_modalities": ["text", "image"],
+            "output_modalities": ["text"],
+            "modality": "text+image->text",
+        },
+        "capabilities": {"vision": True, "function_calling": True},
+        "supported_parameters": ["tools", "tool_choice"],
+    }
+    assert before["long"]["context_length"] == 131072
+    assert "capabilities" not in before["long"]
+    assert loaded["alpha"]["status"] == {"value": "loaded"}
+    assert loaded["alpha"]["meta"]["llamaswap"]["state"] == "ready"
+    # The same command starts a server with the same context: kept after the unload.
+    assert unloaded["alpha"]["status"] == {"value": "unloaded"}
+    assert unloaded["alpha"]["context_length"] == 4096
+    assert read["alpha"]["context_length"] == 4096  # the fake server's n_ctx
+
+
+async def test_a_model_that_fails_to_start_reads_failed_until_its_next_start(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(CLIENTS)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            failed = await client.post("/api/models/load/broken")
+            entry = (await client.get("/v1/models/broken")).json()
+            shown = await running(client)
+            # The next start ends it: the model is starting, with no failure.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client.post, "/api/models/load/broken")
+                # Polled: nothing outside the proxy says "starting" as it happens.
+                while (await running(client))["broken"]["state"] != "starting":  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+                again = (await running(client))["broken"]
+                listed_again = (await listed(client))["broken"]
+    assert failed.status_code == 502
+    error = failed.json()["error"]["message"]
+    failure = entry["meta"]["llamaswap"]["failure"]
+    assert failure == {
+        "reason": "exited with status 1 while starting",
+        "message": error,  # what its requests got
+        "exit_code": 1,
+        "output": failure["output"],
+    }
+    assert failure["output"][-1] == "error: failed to load model file 'broken.gguf'"
+    assert 1 <= len(failure["output"]) <= 5
+    assert entry["status"] == {"value": "failed", "failed": True, "exit_code": 1}
+    assert entry["meta"]["llamaswap"]["state"] == "failed"
+    assert list(shown) == ["broken"]  # listed in /running though nothing runs
+    assert (shown["broken"]["state"], shown["broken"]["pid"]) == ("failed", None)
+    assert shown["broken"]["failure"] == failure
+    assert (again["state"], again["failure"]) == ("starting", None)
+    assert listed_again["status"] == {"value": "loading"}
 
 
 async def test_version_route_and_flag(proxy_factory: StartProxy) -> None:

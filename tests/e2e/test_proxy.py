@@ -140,14 +140,14 @@ async def test_head_on_a_get_route_is_forwarded_as_head(proxy_factory: StartProx
         with trio.fail_after(30):
             got = await client.get("/props", params={"model": "alpha"})
             head = await client.head("/props", params={"model": "alpha"})
-            wrong = await client.post("/props", params={"model": "alpha"})
+            wrong = await client.delete("/props", params={"model": "alpha"})
     assert got.status_code == 200
     assert got.json()["model"] == "alpha"
     assert (head.status_code, head.content) == (200, b"")
     assert head.headers["content-type"] == got.headers["content-type"]
     assert head.headers["x-llamaswap-upstream"] == "alpha"
     assert wrong.status_code == 405
-    assert wrong.headers["allow"] == "GET, HEAD"
+    assert wrong.headers["allow"] == "GET, HEAD, POST"
     assert "[alpha] " in proxy.output.text()  # the model server saw the HEAD
 
 

@@ -463,12 +463,12 @@ WEBSOCKET_UPGRADE = (
 )
 
 
-async def test_a_websocket_upgrade_is_refused_with_a_json_error(
+async def test_a_websocket_upgrade_off_the_passthrough_routes_is_refused_with_a_json_error(
     proxy_factory: StartProxy,
 ) -> None:
     proxy = await proxy_factory(config('[models.m]\ncmd = "${fake}"'))
     host, _, port = proxy.url.removeprefix("http://").partition(":")
-    for path in ("/", "/v1/chat/completions", "/upstream/m/ws", "/health"):
+    for path in ("/", "/v1/chat/completions", "/health"):
         with trio.fail_after(30):
             stream = await trio.open_tcp_stream(host, int(port))
             async with stream:
@@ -482,7 +482,7 @@ async def test_a_websocket_upgrade_is_refused_with_a_json_error(
         error = json.loads(body)["error"]
         assert error["type"] == "invalid_request_error"
         assert error["message"] == (
-            "llamaswap does not accept WebSocket connections; send plain HTTP requests"
+            "WebSockets are relayed on /upstream/{model}/{path} and /comfyui/{path} only"
         )
     assert "Traceback" not in proxy.output.text()
     assert "loading model" not in proxy.output.text()

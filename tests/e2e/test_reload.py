@@ -409,3 +409,23 @@ async def test_a_file_left_empty_is_refused_until_it_says_there_are_no_models(
             line = (await proxy.output.wait_for(r"reloaded .* \(file changed\).*", start=mark))[0]
             assert line.endswith(": removed 'alpha'")
             assert await listed(client) == []
+
+
+async def test_a_config_directory_is_merged_and_watched(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """``--config DIR``: its ``*.toml`` files merged; with ``--watch-config``, a file
+    saved in it (a new one too) reloads the whole."""
+    folder = tmp_path / "conf.d"
+    folder.mkdir()
+    (folder / "a.toml").write_text(unstarted("alpha"))
+    args = ["--config", str(folder), "--watch-config"]  # the last --config counts
+    proxy = await proxy_factory(unstarted("unused"), args=args)
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            await proxy.output.wait_for(r"watching .*conf\.d: each saved change reloads it")
+            assert await listed(client) == ["alpha"]
+            mark = len(proxy.output.lines)
+            rewrite(folder / "b.toml", unstarted("beta"))
+            await proxy.output.wait_for(r"reloaded .* \(file changed\)", start=mark)
+            assert await listed(client) == ["alpha", "beta"]

@@ -351,6 +351,48 @@ async def test_load_unload_and_cancel_a_load_from_the_page(proxy_factory: StartP
 
 
 @needs_browser
+async def test_a_model_that_fails_to_start_shows_failed_with_why_until_its_next_start(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    proxy = await proxy_factory(
+        config(
+            '[models.broken]\ncmd = "${fake} --load-seconds 0.5 --fail-start"\n'
+            '[models.beta]\ncmd = "${fake}"'
+        )
+    )
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        broken = tab.model("broken")
+        failure = broken.locator('[data-role="failure"]')
+        expect(failure).to_be_hidden()
+        broken.get_by_role("button", name="Load broken", exact=True).click()
+        expect(state_of(broken)).to_have_text("failed", timeout=WAIT)
+        reason = broken.locator('[data-role="reason"]')
+        expect(reason).to_have_text("Start failed: exited with status 1 while starting")
+        expect(reason).to_have_attribute("title", re.compile(r"^model 'broken' failed to start"))
+        output = broken.get_by_label("Last output of broken")
+        expect(output).to_contain_text("error: failed to load model file 'broken.gguf'")
+        # Nothing runs: it can be loaded again, not unloaded.
+        expect(broken.get_by_role("button", name="Load broken", exact=True)).to_be_enabled()
+        expect(broken.get_by_role("button", name="Unload broken")).to_be_disabled()
+        expect(state_of(tab.model("beta"))).to_have_text("stopped")  # not failed: never tried
+        page.locator("#models-panel").screenshot(path=tmp_path / "failed.png")
+        # Its next start ends it: starting, without the failure, until it fails again.
+        broken.get_by_role("button", name="Load broken", exact=True).click()
+        expect(state_of(broken)).to_have_text("starting", timeout=WAIT)
+        expect(failure).to_be_hidden()
+        expect(state_of(broken)).to_have_text("failed", timeout=WAIT)
+        expect(failure).to_be_visible()
+        # The page's own loads got the 502 (the browser logs a failed fetch).
+        assert tab.errors
+        assert all("status of 502" in error for error in tab.errors), tab.errors
+
+    await in_browser(proxy.url, body)
+
+
+@needs_browser
 async def test_the_queue_in_score_order_and_cancel_from_the_page(
     proxy_factory: StartProxy,
 ) -> None:
@@ -685,7 +727,7 @@ async def test_the_logs_tab_follows_the_log_again_after_llamaswap_restarts(
 
     async def restart() -> None:
         await first.terminate()
-        again = await proxy_factory(text, args=("--listen", address))  # the last one counts
+        again = await proxy_factory(text, args=("--listen", address))
         assert again.url == first.url
         async with again.client() as client:
             answer = await client.post("/v1/chat/completions", json=chat("beta"))

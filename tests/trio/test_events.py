@@ -334,21 +334,39 @@ async def test_load_serve_unload_arrive_in_order(
 async def test_a_failed_load_is_one_failed_event_with_the_reason(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
-    spawner = FakeSpawner(nursery, Script(healthy_after=None, exit_after=0.5, exit_code=3))
-    router, hub, _, _ = await start(nursery, spawner, a=model(1))
+    script = Script(healthy_after=None, exit_after=0.5, exit_code=3, output=["no model.gguf"])
+    spawner = FakeSpawner(nursery, script)
+    router, hub, events, _ = await start(nursery, spawner, a=model(1))
     with hub.subscribe() as feed:
-        with pytest.raises(ModelStartFailed):
+        with pytest.raises(ModelStartFailed) as caught:
             async with router.acquire(router.lease("a")):
                 pytest.fail("a load that failed must not serve")
-        got = take(feed, skip=("queue", "model"))
-    assert [brief(event) for event in got] == [
+        await trio.testing.wait_all_tasks_blocked()
+        got = take(feed, skip=("queue",))
+    requests = [event for event in got if event["type"] != "model"]
+    assert [brief(event) for event in requests] == [
         ("request", 0, "queued"),
         ("load",),
         ("request", 0, "loading"),
         ("request", 0, "failed"),
     ]
-    assert "exited with status 3" in got[3]["error"]
-    assert got[3]["waited_ms"] == 0.0
+    assert "exited with status 3" in requests[3]["error"]
+    assert requests[3]["waited_ms"] == 0.0
+    # The model is failed, and says why, from the moment it stopped (in later snapshots too).
+    failure = {
+        "reason": "exited with status 3 while starting",
+        "message": str(caught.value),
+        "exit_code": 3,
+        "output": ["no model.gguf"],
+    }
+    failed = shown("failed", ttl=None, failure=failure)
+    assert [brief(event) for event in transitions(models(got))] == [
+        ("model", "a", "starting", None),
+        ("model", "a", "starting", spawner.last.pid),
+        ("model", "a", "failed", None),  # never "stopped" first
+    ]
+    assert models(got)[-1] == failed
+    assert [{"type": "model", **entry} for entry in events.snapshot()["models"]] == [failed]
 
 
 async def test_a_client_leaving_while_loading_is_cancelled_and_the_load_stopped(
@@ -387,6 +405,7 @@ def shown(state: str, **fields: object) -> dict[str, object]:
         "loaded_for_ms": None,
         "in_flight": 0,
         "waiting": 0,
+        "failure": None,
     }
     return {**stopped, "state": state, **fields}
 
@@ -651,6 +670,7 @@ async def test_a_late_subscriber_gets_the_state_first(
         "loaded_for_ms": None,
         "in_flight": 0,
         "waiting": 0,
+        "failure": None,
     }
     assert snapshot["models"] == [
         {

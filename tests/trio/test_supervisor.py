@@ -11,7 +11,7 @@ import trio.testing
 
 from llamaswap.config.model import ModelConfig
 from llamaswap.errors import ModelStartFailed, ModelUnloaded
-from llamaswap.process import ModelState, ModelSupervisor
+from llamaswap.process import ModelState, ModelSupervisor, StartFailure
 from llamaswap.process.supervisor import EXIT_GRACE
 from tests.fakes import FakeProbe, FakeSpawner, Script, StateRecorder
 
@@ -179,6 +179,79 @@ async def test_failed_start_can_be_retried(
     await supervisor.ensure_ready()
     assert supervisor.state is S.READY
     assert len(spawner.processes) == 2
+
+
+async def test_a_failed_start_reads_failed_until_the_next_start_begins(
+    autojump_clock: trio.testing.MockClock,
+    make: Factory,
+    spawner: FakeSpawner,
+    nursery: trio.Nursery,
+) -> None:
+    lines = ["error: no such file 'm.gguf'", "llama_model_load: failed"]
+    spawner.script = Script(healthy_after=None, exit_after=0.5, exit_code=1, output=lines)
+    supervisor = await make()
+    assert (supervisor.statistics().failure, supervisor.statistics().shown_state) == (
+        None,
+        "stopped",
+    )
+    with pytest.raises(ModelStartFailed) as caught:
+        await supervisor.ensure_ready()
+    stats = supervisor.statistics()
+    reason = "exited with status 1 while starting"
+    assert stats.failure == StartFailure(reason, str(caught.value), 1, tuple(lines))
+    assert (stats.state, stats.shown_state) == (S.STOPPED, "failed")
+    assert stats.failure_json() == {
+        "reason": reason,
+        "message": str(caught.value),
+        "exit_code": 1,
+        "output": lines,
+    }
+    # The next start ends it: starting, then ready, with no failure.
+    spawner.script = Script(healthy_after=1.0)
+    nursery.start_soon(supervisor.ensure_ready)
+    await trio.testing.wait_all_tasks_blocked()
+    starting = supervisor.statistics()
+    assert (starting.shown_state, starting.failure) == ("starting", None)
+    await supervisor.ensure_ready()
+    assert (supervisor.statistics().shown_state, supervisor.statistics().failure) == (
+        "ready",
+        None,
+    )
+
+
+async def test_a_health_timeout_is_a_failure_without_an_exit_code(
+    autojump_clock: trio.testing.MockClock, make: Factory, spawner: FakeSpawner
+) -> None:
+    spawner.script = Script(healthy_after=None, output=["loading tensors"])
+    supervisor = await make(health_check_timeout=5.0)
+    with pytest.raises(ModelStartFailed):
+        await supervisor.ensure_ready()
+    failure = supervisor.statistics().failure
+    assert failure is not None
+    assert (failure.exit_code, failure.output) == (None, ("loading tensors",))
+    assert supervisor.statistics().last_exit_code == 0  # SIGTERM: it stopped when asked
+
+
+async def test_a_start_stopped_or_a_crash_after_ready_is_no_failure(
+    autojump_clock: trio.testing.MockClock,
+    make: Factory,
+    spawner: FakeSpawner,
+    recorder: StateRecorder,
+) -> None:
+    spawner.script = Script(healthy_after=60.0)
+    supervisor = await make()
+    with trio.move_on_after(2.0):  # abandoned: stopped
+        await supervisor.ensure_ready()
+    await recorder.wait_for(S.STOPPED)
+    assert (supervisor.statistics().shown_state, supervisor.statistics().failure) == (
+        "stopped",
+        None,
+    )
+    spawner.script = Script(exit_after=7.0, exit_code=139, output=["segfault"])
+    await supervisor.ensure_ready()
+    await recorder.wait_for(S.STOPPED)
+    stats = supervisor.statistics()
+    assert (stats.shown_state, stats.failure, stats.crashes) == ("stopped", None, 1)
 
 
 async def test_stop_is_polite_first(

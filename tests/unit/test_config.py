@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import pytest
 
 from llamaswap.config import (
+    Capabilities,
     Config,
     FilterConfig,
     GroupConfig,
@@ -304,14 +305,32 @@ def test_unknown_key_without_a_close_match_lists_the_known_keys() -> None:
     assert "'useModelName'" in message
 
 
+def test_capabilities_take_llama_swap_s_keys_and_modalities() -> None:
+    config = load(
+        MINIMAL + 'capabilities = { in = ["text", "image"], out = ["text"], tools = true, '
+        "context = 32768 }\n"
+    )
+    assert config.models["m"].capabilities == Capabilities(
+        in_=("text", "image"), out=("text",), tools=True, context=32768
+    )
+    assert load(MINIMAL).models["m"].capabilities == Capabilities()  # context 0: not set
+    assert problems_of(MINIMAL + 'capabilities = { in = ["video"], context = -1 }\n') == {
+        "models.m.capabilities.in[0]": "expected one of 'text', 'audio', 'image', got 'video'",
+        "models.m.capabilities.context": (
+            "expected 0 (not set) or a number of tokens from 1 to 100000000, got -1"
+        ),
+    }
+
+
 def test_unknown_key_with_a_close_match_suggests_it_before_the_known_keys() -> None:
     # "tll" is one letter from "ttl" but only 0.67 alike for difflib: it got the list alone.
     found = problems_of(MINIMAL + "tll = 5\n")
     assert found == {
         "models.m.tll": (
             "unknown key 'tll'; did you mean 'ttl'? this table's keys are 'aliases', "
-            "'anthropic', 'checkEndpoint', 'cmd', 'cmdStop', 'concurrencyLimit', "
-            "'description', 'env', 'files', 'filters', 'memory', 'metadata', 'name', "
+            "'anthropic', 'capabilities', 'checkEndpoint', 'cmd', 'cmdStop', "
+            "'concurrencyLimit', 'description', 'env', 'files', 'filters', 'memory', "
+            "'metadata', 'name', "
             "'preemptible', 'proxy', 'sendLoadingState', 'slotSavePath', 'slots', 'timeouts', "
             "'ttl', 'unlisted', 'unloadTimeout', 'useModelName'"
         )

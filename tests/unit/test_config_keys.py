@@ -523,3 +523,20 @@ def test_port_probe_is_injectable() -> None:
     )
     assert config.models["a"].proxy == "http://127.0.0.1:5801"
     assert config.models["b"].proxy == "http://127.0.0.1:5803"
+
+
+# --- defaultModel ---------------------------------------------------------------------
+
+
+def test_a_request_naming_no_model_goes_to_the_default_or_the_only_model() -> None:
+    one = load('[models.only]\ncmd = "s --port ${PORT}"\n')
+    assert one.fallback_model() == "only"
+    two = '[models.a]\ncmd = "s --port ${PORT}"\naliases = ["x"]\n[models.b]\ncmd = "s ${PORT}"\n'
+    assert load(two).fallback_model() is None
+    assert load('defaultModel = "x"\n' + two).fallback_model() == "x"
+
+
+def test_the_default_model_must_name_a_model() -> None:
+    problems = problems_of('defaultModel = "nope"\n[models.a]\ncmd = "s --port ${PORT}"\n')
+    assert list(problems) == ["defaultModel"]
+    assert "'nope'" in problems["defaultModel"]

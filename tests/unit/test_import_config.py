@@ -11,7 +11,7 @@ import tomli
 from ruamel.yaml import YAML
 
 from llamaswap.cli import main
-from llamaswap.config import Config, loads_config
+from llamaswap.config import Capabilities, Config, loads_config
 from llamaswap.config.command import check_config
 from llamaswap.config.model import GroupConfig
 from llamaswap.errors import ConfigError
@@ -76,6 +76,7 @@ def test_the_example_config_becomes_a_valid_config_with_the_same_values(
         "qwen3-8b",
     )
     assert (qwen.aliases[0], qwen.ttl, qwen.concurrency_limit) == ("gpt-4o-mini", 300, None)
+    assert qwen.capabilities == Capabilities(in_=("text",), tools=True)  # as llama-swap's
     assert qwen.filters.strip_params == ("temperature", "top_p", "top_k")  # 'model' never
     assert qwen.filters.set_params == {"top_p": 0.9}
     assert qwen.filters.set_params_by_id == {
@@ -149,7 +150,6 @@ def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
     assert remarks(result) == [
         ("metricsMaxInMemory", True),
         ("models.qwen.timeouts.expectContinue", True),
-        ("models.qwen.capabilities", True),
         ("models.docker-llama.compat", True),
         ("routing.router.settings.matrix.vars", False),  # the vars it added
         ("profiles", True),
@@ -158,7 +158,7 @@ def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
         "models.qwen.timeouts.expectContinue: not translated: "
         "llamaswap has no key 'expectContinue' here"
     )
-    for key in ("metricsMaxInMemory", "expectContinue", "capabilities", "compat", "profiles"):
+    for key in ("metricsMaxInMemory", "expectContinue", "compat", "profiles"):
         assert key not in result.toml
 
 
@@ -495,13 +495,22 @@ def test_a_model_without_cmd_is_kept_and_noted_since_llamaswap_requires_one() ->
     )
 
 
-def test_comfyui_auto_is_noted_as_an_ordinary_model_here() -> None:
+def test_comfyui_auto_is_noted_for_the_limit_llama_swap_raises() -> None:
     result, config = translate(
         "models:\n  comfyui_auto:\n    cmd: python main.py --port ${PORT}\n"
     )
     assert config.models["comfyui_auto"].concurrency_limit is None  # not raised to 50
     assert remarks(result) == [("models.comfyui_auto", False)]
-    assert "llamaswap has no ComfyUI special case" in result.remarks[0].message
+    assert "write concurrencyLimit = 50" in result.remarks[0].message
+
+
+def test_upstream_ignore_paths_are_translated() -> None:
+    result, config = translate(
+        "upstream:\n  ignorePaths:\n    - '.*\\.(js|css)$'\n    - ^\\/ws$\n"
+        "models:\n  m:\n    cmd: s --port ${PORT}\n"
+    )
+    assert config.upstream.ignore_paths == (r".*\.(js|css)$", r"^\/ws$")
+    assert remarks(result) == []
 
 
 # -- the command ---------------------------------------------------------------------------

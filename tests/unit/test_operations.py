@@ -8,11 +8,15 @@ import math
 import pytest
 
 from llamaswap._version import version, versions
+from llamaswap.config import Capabilities
 from llamaswap.errors import RequestCancelled
 from llamaswap.http.errors import error_response
-from llamaswap.process import ModelState, ModelStatistics
+from llamaswap.observability.props import context_length
+from llamaswap.process import ModelState, ModelStatistics, StartFailure
 from llamaswap.proxy.operations import (
+    capability_fields,
     client_address,
+    client_status,
     inflight_entry,
     iso_time,
     model_status,
@@ -126,7 +130,11 @@ def test_a_paused_request_says_since_when_and_a_resumed_one_how_often() -> None:
 
 
 def stats(
-    state: ModelState, *, ready_since: float | None = None, idle_deadline: float = math.inf
+    state: ModelState,
+    *,
+    ready_since: float | None = None,
+    idle_deadline: float = math.inf,
+    failure: StartFailure | None = None,
 ) -> ModelStatistics:
     return ModelStatistics(
         model="chat",
@@ -139,11 +147,18 @@ def stats(
         last_exit_code=None,
         ready_since=ready_since,
         idle_deadline=idle_deadline,
+        failure=failure,
     )
 
 
 def test_model_status_stopped_and_without_ttl() -> None:
-    nothing = {"state": "stopped", "loaded_since": None, "ttl": None, "ttl_left": None}
+    nothing = {
+        "state": "stopped",
+        "loaded_since": None,
+        "ttl": None,
+        "ttl_left": None,
+        "failure": None,
+    }
     assert model_status(stats(ModelState.STOPPED), None, now=1000.0, wall_now=WALL) == nothing
     assert model_status(stats(ModelState.STOPPED), 60.0, now=1000.0, wall_now=WALL) == {
         **nothing,
@@ -155,7 +170,85 @@ def test_model_status_stopped_and_without_ttl() -> None:
         "loaded_since": "2025-12-31T23:58:20.000Z",
         "ttl": None,
         "ttl_left": None,
+        "failure": None,
     }
+
+
+FAILURE = StartFailure(
+    "exited with status 1 while starting", "model 'chat' failed to start: ...", 1, ("oops",)
+)
+
+
+def test_a_failed_start_is_failed_in_meta_and_in_the_status_clients_read() -> None:
+    failed = stats(ModelState.STOPPED, failure=FAILURE)
+    meta = model_status(failed, 0.0, now=1000.0, wall_now=WALL)
+    assert (meta["state"], meta["failure"]) == ("failed", failed.failure_json())
+    assert meta["failure"] == {
+        "reason": "exited with status 1 while starting",
+        "message": "model 'chat' failed to start: ...",
+        "exit_code": 1,
+        "output": ["oops"],
+    }
+    assert client_status(failed) == {"value": "failed", "failed": True, "exit_code": 1}
+
+
+@pytest.mark.parametrize(
+    ("state", "value"),
+    [
+        (ModelState.STOPPED, "unloaded"),
+        (ModelState.STARTING, "loading"),
+        (ModelState.READY, "loaded"),
+        (ModelState.STOPPING, "unloaded"),
+    ],
+)
+def test_the_status_clients_read_uses_llama_cpp_s_words(state: ModelState, value: str) -> None:
+    assert client_status(stats(state)) == {"value": value}
+
+
+def test_capabilities_are_shown_as_llama_swap_shows_them() -> None:
+    assert capability_fields(Capabilities()) == {}
+    assert capability_fields(Capabilities(in_=("text",))) == {
+        "architecture": {"input_modalities": ["text"]}
+    }
+    vision = Capabilities(in_=("text", "image"), out=("text",), tools=True)
+    assert capability_fields(vision) == {
+        "architecture": {
+            "input_modalities": ["text", "image"],
+            "output_modalities": ["text"],
+            "modality": "text+image->text",
+        },
+        "capabilities": {"vision": True, "function_calling": True},
+        "supported_parameters": ["tools", "tool_choice"],
+    }
+    everything = Capabilities(
+        in_=("text", "audio", "image"), out=("text", "audio", "image"), reranker=True
+    )
+    assert capability_fields(everything)["capabilities"] == {
+        "vision": True,
+        "audio_transcriptions": True,
+        "audio_speech": True,
+        "image_generation": True,
+        "image_to_image": True,
+        "reranker": True,
+    }
+    assert capability_fields(Capabilities(context=8192)) == {}  # context_length says it
+
+
+@pytest.mark.parametrize(
+    ("props", "found"),
+    [
+        ({"default_generation_settings": {"n_ctx": 8192, "params": {}}, "n_ctx": 1}, 8192),
+        ({"n_ctx": 4096}, 4096),  # builds that answer it at the top
+        ({"default_generation_settings": {"n_ctx": 0}}, None),  # llama-server's router
+        ({"default_generation_settings": {"n_ctx": True}}, None),
+        ({"default_generation_settings": {"n_ctx": "4096"}}, None),
+        ({"model": "x"}, None),
+        ([4096], None),
+        (None, None),
+    ],
+)
+def test_the_context_length_of_a_props_answer(props: object, found: int | None) -> None:
+    assert context_length(props) == found
 
 
 def test_model_status_counts_down_only_while_idle_and_ready() -> None:

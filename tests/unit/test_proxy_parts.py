@@ -83,7 +83,9 @@ def test_a_request_naming_no_model_is_told_where_to_name_it(where: ModelIn, fix:
         if where is ModelIn.JSON
         else Payload(FORM_WITHOUT_MODEL, FORM)
     )
-    with pytest.raises(BadRequest, match=f"^the request names no model: {fix}$"):
+    with pytest.raises(
+        BadRequest, match=f"^the request names no model: {fix}, or set defaultModel"
+    ):
         read_model(where, empty, b"x=1")
 
 

@@ -50,7 +50,10 @@ def refused(
 ) -> type[Exception] | None:
     inference = site.is_inference(path, proxied=path.startswith(("/v1/chat", "/upstream/")))
     error = site.refusal(
-        scope(method, path, headers, scheme=scheme), config, listen_host, inference=inference
+        scope(method, path, headers, scheme=scheme),
+        config,
+        () if listen_host is None else (listen_host,),
+        inference=inference,
     )
     return None if error is None else type(error)
 

@@ -1,6 +1,7 @@
 // Models: each model's state, live, with its load time, TTL, requests, its memory (from
 // GET /api/resources, read by resources.js), and the buttons to load it, unload it, or
-// cancel its load. Its colour swatch is its colour on the memory bars.
+// cancel its load. Its colour swatch is its colour on the memory bars. A model whose
+// start failed says why (its exit status and last lines) until its next start.
 
 import * as api from "./api.js";
 import { $, batched, h, setAttr, setText, syncList, toast } from "./dom.js";
@@ -67,6 +68,12 @@ export function mountModels(store) {
       ),
       h("div", { class: "model-title", "data-role": "title" }),
       h(
+        "div",
+        { class: "failure", "data-role": "failure", hidden: true },
+        h("div", { class: "failure-reason", "data-role": "reason" }),
+        h("pre", { class: "failure-output", "data-role": "output", "aria-label": `Last output of ${id}` }),
+      ),
+      h(
         "dl",
         { class: "facts" },
         h("dt", {}, "Loaded"),
@@ -125,6 +132,19 @@ export function mountModels(store) {
     setAttr(holds, "title", holding ? `holds ${byDevice(held)}, measured` : null);
   }
 
+  // Why its last start failed: the reason (the whole error in its title), and its last
+  // lines of output, if it printed any.
+  function updateFailure(el, failure) {
+    part(el, "failure").hidden = !failure;
+    if (!failure) return;
+    const reason = part(el, "reason");
+    setText(reason, `Start failed: ${failure.reason}`);
+    setAttr(reason, "title", failure.message);
+    const output = part(el, "output");
+    output.hidden = failure.output.length === 0;
+    setText(output, failure.output.join("\n"));
+  }
+
   function update(el, model) {
     const now = store.now(); // stopped while the page is stale
     const info = store.listed.get(model.id);
@@ -135,6 +155,7 @@ export function mountModels(store) {
     setText(part(el, "title"), info && info.name !== model.id ? info.name : info ? "" : "unlisted");
     setAttr(part(el, "title"), "title", info?.description || null);
     setText(part(el, "pid"), model.pid ?? "—");
+    updateFailure(el, model.failure);
     part(el, "swatch").dataset.colour = store.colour(model.id);
     updateMemory(el, store.resources?.models?.[model.id]);
     const since = part(el, "since");
@@ -166,8 +187,9 @@ export function mountModels(store) {
       (request) => request.model === model.id && request.state === "loading",
     );
     // Stale (not connected): the state shown may be gone, and any click would fail.
-    part(el, "load").disabled = store.stale || model.state !== "stopped" || loading.has(model.id);
-    part(el, "unload").disabled = store.stale || model.state === "stopped";
+    const stopped = model.state === "stopped" || model.state === "failed"; // nothing runs
+    part(el, "load").disabled = store.stale || !stopped || loading.has(model.id);
+    part(el, "unload").disabled = store.stale || stopped;
     part(el, "cancel").hidden = !(model.state === "starting" || waitingForLoad);
     part(el, "cancel").disabled = store.stale || !waitingForLoad;
   }

@@ -151,6 +151,7 @@ export class Store {
     model.loadedSince = at(entry.loaded_for_ms, -1);
     model.inFlight = entry.in_flight;
     model.waiting = entry.waiting;
+    model.failure = entry.failure; // why its last start failed, while "failed"
   }
 
   onRequest(event) {
