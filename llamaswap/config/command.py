@@ -17,9 +17,9 @@ __all__ = ["check_config", "main", "missing_programs"]
 
 USAGE = "usage: llamaswap check-config PATH"
 HELP = (
-    "Print every problem in the TOML config at PATH, one per line, without starting "
-    "anything.\nExit status 0 when it is valid (a program not found on PATH is only a "
-    "warning), 2 when not."
+    "Print every problem in the TOML config at PATH (a file, or a directory whose *.toml "
+    "files are merged), one per line, without starting anything.\nExit status 0 when it "
+    "is valid (a program not found on PATH is only a warning), 2 when not."
 )
 
 
