@@ -11,7 +11,7 @@
         ├── Unauthorized            401  missing or wrong API key
         ├── HostNotAllowed          403  the Host is not one llamaswap answers to (DNS rebinding)
         ├── CrossSiteRequest        403  a page of another site (or a form) would change state
-        ├── ModelNotFound           404  no model, alias or peer model by that name
+        ├── ModelNotFound           404  no model, alias, selector or peer model by that name
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── RequestTimeout          408  the request body stopped arriving
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
@@ -203,11 +203,17 @@ class CrossSiteRequest(RequestError):
 
 
 class ModelNotFound(RequestError):
-    """``peer``: the name is that peer's model, which this route cannot reach."""
+    """``peer``: the name is that peer's model, which this route cannot reach.
+    ``profile``: the active profile pins the name to nothing."""
 
-    def __init__(self, model: str, *, peer: str | None = None) -> None:
+    def __init__(self, model: str, *, peer: str | None = None, profile: str | None = None) -> None:
         self.model = model
-        if peer is None:
+        if profile is not None:
+            why = (
+                f"is turned off by the active profile {profile!r}; "
+                "PUT /api/profiles/active switches profiles"
+            )
+        elif peer is None:
             why = "not found; GET /v1/models lists the models"
         else:
             why = f"belongs to the peer {peer!r}: llamaswap loads and unloads only its own models"

@@ -195,6 +195,22 @@ def decisions_into(found: list[Decision]) -> Observer:
 
 
 @final
+@attrs.define
+class FakeLoads:
+    """What the selectors read (``router/selectors.py``'s ``Loads``), as the test sets it:
+    a model not in ``states`` is stopped, one not in ``wanted`` has no request."""
+
+    states: dict[str, ModelState] = attrs.field(factory=dict)
+    wanted_by: dict[str, int] = attrs.field(factory=dict)
+
+    def model_state(self, model: str) -> ModelState:
+        return self.states.get(model, ModelState.STOPPED)
+
+    def wanted(self, model: str) -> int:
+        return self.wanted_by.get(model, 0)
+
+
+@final
 class FakeWorld:
     """The world as a scheduler sees it, with the decisions applied to it by hand.
 

@@ -40,11 +40,14 @@ __all__ = [
     "ModelConfig",
     "OnStartup",
     "PeerConfig",
+    "ProfileConfig",
     "RouterSection",
     "RouterSettings",
     "Routing",
     "SchedulerSection",
     "SchedulerSettings",
+    "SelectorConfig",
+    "SelectorSettings",
     "SerialSettings",
     "StoreConfig",
     "Timeouts",
@@ -90,6 +93,8 @@ FIFO_PRIORITY = Bounds(-1_000_000, 1_000_000, "a priority")
 AGING_DIVISOR = Bounds(0.001, 86_400, "a duration", "seconds", "1 day", zero="no aging")
 CLIENT_WRITE_TIMEOUT = Bounds(1, 3_600, "a duration", "seconds", "1 hour", zero="no limit")
 STORE_MAX_ROWS = Bounds(1, 10_000_000, "a number of records")
+#: ``selectors.NAME.settings.spillover``: requests per target before the next one.
+SPILLOVER = Bounds(1, 10_000, "a number of requests")
 STORE_MAX_AGE = Bounds(60, 315_360_000, "a duration", "seconds", "1 minute to 3650 days")
 
 # How long a client may take to send its request: the proxy's own limits, not TOML keys.
@@ -364,6 +369,35 @@ class PeerConfig:
 
 
 @attrs.frozen
+class ProfileConfig:
+    """``[profiles.NAME]``: while the profile is active, each requested name in ``pins``
+    reaches its target (a model ID, alias, ``peer/model`` or selector); a name pinned to
+    ``""`` reaches nothing (404)."""
+
+    pins: Mapping[str, str] = attrs.field(factory=dict)
+    description: str | None = None
+
+
+@attrs.frozen
+class SelectorSettings:
+    spillover: int = attrs.field(default=1, metadata=within(SPILLOVER))
+
+
+@attrs.frozen
+class SelectorConfig:
+    """``[selectors.NAME]``: a name that reaches one of ``targets`` per request, chosen by
+    ``strategy`` (``router/selectors.py``)."""
+
+    strategy: Literal["pin", "warm", "spillover"]
+    targets: tuple[str, ...]
+    settings: SelectorSettings = SelectorSettings()
+    name: str | None = None
+    description: str | None = None
+    unlisted: bool = False
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
 class StoreConfig:
     """``[store]``: keep the activity log in a SQLite file, across restarts.
 
@@ -438,6 +472,8 @@ class Config:
     routing: Routing = Routing()
     hooks: Hooks = Hooks()
     peers: Mapping[str, PeerConfig] = attrs.field(factory=dict)
+    profiles: Mapping[str, ProfileConfig] = attrs.field(factory=dict)
+    selectors: Mapping[str, SelectorConfig] = attrs.field(factory=dict)
     store: StoreConfig | None = None
     #: Origins whose browser pages may call llamaswap (CORS); ``"*"``: any, on the
     #: inference routes only (the management API answers only origins listed by name).

@@ -60,6 +60,8 @@ def validate(
         _check_reference(name, ("hooks", "on_startup", "preload", index), names, problems)
     if config.default_model is not None:
         _check_reference(config.default_model, ("defaultModel",), names, problems)
+    _check_selectors(config, names, problems)
+    _check_profiles(config, names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
     _check_slot_save_paths(config, problems)
@@ -304,6 +306,73 @@ def _check_matrix(config: Config, model_ids: Collection[str], problems: list[Pro
     _, errors = check_sets(matrix.sets, matrix.vars)
     for error in errors:
         problems.append(Problem((*_MATRIX, "sets", error.set_name), error.message))
+
+
+def _peer_names(config: Config, local: Collection[str]) -> set[str]:
+    """Every name a peer's model answers to: ``peer/model``, and its bare name where no
+    other peer nor a local model has it (as ``Names`` resolves them)."""
+    qualified = {
+        f"{peer_id}/{name}" for peer_id, peer in config.peers.items() for name in peer.models
+    }
+    bare = [name for peer in config.peers.values() for name in set(peer.models)]
+    return qualified | {name for name in bare if bare.count(name) == 1 and name not in local}
+
+
+def _check_selectors(config: Config, local: Collection[str], problems: list[Problem]) -> None:
+    """A selector's name is no other name; its targets are models (local ones for the
+    strategies that read a model's state), none twice, and no selector."""
+    peers = _peer_names(config, local)
+    for selector_id, selector in config.selectors.items():
+        base: Path = ("selectors", selector_id)
+        if bad_name(selector_id):
+            problems.append(Problem(base, f"selector name {selector_id!r} {NAME_RULE}"))
+        elif selector_id in local or selector_id in peers:
+            what = "a peer's model" if selector_id in peers else "a model ID or alias"
+            problems.append(Problem(base, f"{selector_id!r} is already the name of {what}"))
+        if not selector.targets:
+            problems.append(Problem((*base, "targets"), "expected at least one target"))
+        reads_state = selector.strategy != "pin"
+        seen: set[str] = set()
+        for index, target in enumerate(selector.targets):
+            path: Path = (*base, "targets", index)
+            model = config.resolve(target)
+            if target in config.selectors:
+                problems.append(
+                    Problem(path, f"{target!r} is a selector; a selector's targets are models")
+                )
+            elif target not in local and target not in peers:
+                hint = suggestion(target, [*local, *peers], noun="models and aliases")
+                problems.append(Problem(path, f"unknown model or alias {target!r}; {hint}"))
+            elif reads_state and model is None:
+                problems.append(
+                    Problem(
+                        path,
+                        f"{target!r} is a peer's model; strategy {selector.strategy!r} reads "
+                        'the state of local models only ("pin" takes any model)',
+                    )
+                )
+            elif (model or target) in seen:
+                problems.append(Problem(path, f"model {model or target!r} is already a target"))
+            else:
+                seen.add(model or target)
+
+
+def _check_profiles(config: Config, local: Collection[str], problems: list[Problem]) -> None:
+    """Each pin's target is a name (a model, alias, peer model or selector) or ""."""
+    known = {*local, *_peer_names(config, local), *config.selectors}
+    for profile_name, profile in config.profiles.items():
+        base: Path = ("profiles", profile_name)
+        if bad_name(profile_name):
+            problems.append(Problem(base, f"profile name {profile_name!r} {NAME_RULE}"))
+        for name, target in profile.pins.items():
+            path: Path = (*base, "pins", name)
+            if bad_name(name):
+                problems.append(Problem(path, f"pinned name {name!r} {NAME_RULE}"))
+            elif target and target not in known:
+                hint = suggestion(target, known, noun="models, aliases and selectors")
+                problems.append(
+                    Problem(path, f"unknown model, alias or selector {target!r}; {hint}")
+                )
 
 
 def _check_peers(config: Config, problems: list[Problem]) -> None:

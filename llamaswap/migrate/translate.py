@@ -26,6 +26,9 @@ exceptions are the places where the two formats differ, each handled by name:
   (``healthCheckTimeout`` below 15 s becomes 15, a TTL over 30 days 0, ``logLevel`` in
   lower case, ``checkEndpoint`` with its leading ``/``), and ``preload`` names of no model
   and aliases that are another model's ID (llama-swap looks IDs up first) are left out;
+* a profile's pin to ``~`` (YAML null: the name is turned off) becomes ``""``, and
+  llama-swap's older profile form (a list of models that run together) is noted, with
+  how to write it, and left out;
 * what llamaswap reads differently and cannot be rewritten (a macro in a key, an unquoted
   ``${env.NAME}`` where a number may be meant, a model ID or peer ID llamaswap refuses, a
   command written for Windows, a model without ``cmd``, ``comfyui_auto``) is noted.
@@ -103,9 +106,6 @@ _REASONS = {
     "captureBuffer": "llamaswap does not capture request and response bodies",
     "ui": "llamaswap's dashboard has no settings",
     "performance": "llamaswap does not collect system statistics",
-    "profiles": "llamaswap has no profiles (model names pinned at run time)",
-    "selectors": "llamaswap has no selectors (virtual model names); aliases cover a name "
-    "that always means one model",
     "compat": "llamaswap has no compat settings",
     "healthCheckTimeout": "llama-swap takes it from the top-level healthCheckTimeout, "
     "and so does llamaswap",
@@ -1037,6 +1037,35 @@ def _peer_filters(t: _Translator, key: str, value: object, path: Path) -> Iterat
 @_hook(schema.RouterSettings, "matrix")
 def _matrix(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
     return t.matrix(value, path)
+
+
+#: llama-swap's older profiles: models run together, each reached as ``NAME:model``.
+_OLD_PROFILE = (
+    "llama-swap's older profile form (models that run together, each reached as "
+    "'{name}:MODEL') is not translated: put its models in a group with swap = false and "
+    "exclusive = false (routing.router.settings.groups), and give each the alias "
+    "'{name}:MODEL'"
+)
+
+
+@_hook(schema.Config, "profiles")
+def _profiles(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    if not isinstance(value, Mapping):
+        yield from t.copy(key, value, path, _Kind(schema.ProfileConfig, each=True))
+        return
+    new = {name: profile for name, profile in value.items() if not isinstance(profile, list)}
+    for name in value.keys() - new.keys():
+        t.skip((*path, str(name)), _OLD_PROFILE.format(name=name))
+    if new:
+        yield from t.table(key, new, path, _Kind(schema.ProfileConfig, each=True))
+
+
+@_hook(schema.ProfileConfig, "pins")
+def _pins(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    """A pin to ``~`` turns its name off: ``""`` in llamaswap."""
+    if isinstance(value, Mapping):
+        value = {name: "" if target is None else target for name, target in value.items()}
+    yield from t.copy(key, value, path, _Kind(None, scalar="str"))
 
 
 @_hook(schema.StoreConfig, "path")

@@ -34,6 +34,8 @@ Everything here is derived from the router's one stream of events (``Router.obse
 - ``load``: a load the scheduler started (``StartSwap``): its model, the models it
   evicts, and ``retry``, why it is a second try (its first ran out of memory), or null.
 - ``activity``: each finished request's activity record (``ActivityLog.add_listener``).
+- ``profileChanged``: the active profile is now ``profile`` (null: none), switched with
+  ``PUT /api/profiles/active`` or dropped by a reload (``ProfileChanged``).
 
 ``snapshot()`` is the first event a subscriber gets: all of the above as it stands, so
 that a client that connects late needs no other call. Durations are in milliseconds;
@@ -54,6 +56,7 @@ from llamaswap.router.events import (
     DecisionApplied,
     ModelSpawned,
     ModelStateChanged,
+    ProfileChanged,
     RequestChanged,
     RouterEvent,
 )
@@ -100,7 +103,7 @@ class RouterEvents:
 
     def connect(self) -> None:
         """Follow the router and the activity log (once, before ``Router.run``)."""
-        kinds = (ModelStateChanged, ModelSpawned, RequestChanged, DecisionApplied)
+        kinds = (ModelStateChanged, ModelSpawned, RequestChanged, DecisionApplied, ProfileChanged)
         self._router.observe(self.on_event, *kinds)
         self._activity.add_listener(self.on_activity)
 
@@ -117,6 +120,7 @@ class RouterEvents:
         return {
             "type": "snapshot",
             "scheduler": router.scheduler.name,
+            "profile": router.names.profile,
             "models": [self._model(model) for model in router.shown_models()],
             "queue": self._queue_state(),
             "requests": [_from_info(info, info.state, now) for info in router.requests()],
@@ -130,6 +134,8 @@ class RouterEvents:
             self.on_request(event.change, event.lease)
         elif isinstance(event, DecisionApplied):
             self.on_decision(event.decision)
+        elif isinstance(event, ProfileChanged):
+            self._hub.publish({"type": "profileChanged", "profile": event.profile})
 
     def on_request(self, event: str, lease: Lease) -> None:
         if not self._hub.active:

@@ -29,7 +29,7 @@ from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import RequestRedirect
 
-from llamaswap.config.model import REQUEST_BODY_TIMEOUT
+from llamaswap.config.model import REQUEST_BODY_TIMEOUT, SelectorConfig
 from llamaswap.errors import (
     BadRequest,
     InternalError,
@@ -407,24 +407,48 @@ def create_app(
             "meta": {**model.metadata, "llamaswap": status},
         }
 
+    def selector_entry(name: str, selector_id: str, selector: SelectorConfig) -> dict[str, Any]:
+        """The ``/v1/models`` entry for ``name``, which reaches the selector ``selector_id``."""
+        about = {"selector": {"strategy": selector.strategy, "targets": list(selector.targets)}}
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llamaswap",
+            "name": selector.name or selector_id,
+            "description": selector.description or "",
+            "meta": {**selector.metadata, "llamaswap": about},
+        }
+
+    def entry(name: str, *, now: float, wall_now: float) -> dict[str, Any]:
+        """The ``/v1/models`` entry for any name a request may use (ModelNotFound if none)."""
+        names = router.names
+        found = names.selector(name)
+        if found is not None:
+            return selector_entry(name, *found)
+        return model_entry(name, names.resolve(name), now=now, wall_now=wall_now)
+
     @quart.get("/v1/models")
     @quart.get("/models")
     async def models() -> Response:
         now, wall_now = trio.current_time(), time.time()
         config = router.config  # the current one: a reload applies at once
-        data = []
+        names = router.names
+        listed: list[str] = []
         for model_id, model in config.models.items():
-            if model.unlisted:
-                continue
-            target = Local(model_id)
-            for name in [model_id, *(model.aliases if config.include_aliases_in_list else ())]:
-                data.append(model_entry(name, target, now=now, wall_now=wall_now))
+            if not model.unlisted:
+                listed += [model_id, *(model.aliases if config.include_aliases_in_list else ())]
         # A node behind a gateway lists its own models: the gateway learns what each
         # node serves from here (docs/scale-out.md).
-        for name in () if config.gateway.node else router.names.peer_models():
-            peer_id, peer_model = name.split("/", 1)
-            peer = Peer(peer_id, peer_model, config.peers[peer_id])
-            data.append(model_entry(name, peer, now=now, wall_now=wall_now))
+        listed += () if config.gateway.node else names.peer_models()
+        listed += [name for name, selector in config.selectors.items() if not selector.unlisted]
+        # The active profile's names, each as what it reaches; none for a name it turns off.
+        listed += [name for name in names.pins if name not in listed]
+        data = [
+            entry(name, now=now, wall_now=wall_now)
+            for name in listed
+            if names.pins.get(name) != ""
+        ]
         return _json({"object": "list", "data": data})
 
     @quart.get("/v1/models/<path:name>")
@@ -432,8 +456,7 @@ def create_app(
     async def model_info(name: str) -> Response:
         # Any name a request may use, listed or not (an alias, an unlisted model, a bare
         # peer model name), as OpenAI answers for any model the key may use.
-        target = router.names.resolve(name)  # ModelNotFound: 404 model_not_found
-        return _json(model_entry(name, target, now=trio.current_time(), wall_now=time.time()))
+        return _json(entry(name, now=trio.current_time(), wall_now=time.time()))
 
     @quart.get("/running")
     async def running() -> Response:

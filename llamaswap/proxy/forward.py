@@ -278,6 +278,7 @@ class Forwarder:
         query = scope["query_string"]
         priority = headers.get(PRIORITY_HEADER)
         exchange.priority = 0 if priority is None else parse_priority([priority])
+        renamed: str | None = None  # the name a pin or selector put in the client's place
         if route.model_in is None:
             name, target, upstream_path = upstream_target(
                 scope, self._names, comfyui=route.comfyui
@@ -301,8 +302,12 @@ class Forwarder:
             payload = Payload(await body.read(), content_type)
             default = self._config.fallback_model()
             name = read_model(route.model_in, payload, query, default=default)
-            exchange.metadata["requested_model"] = name
-            target = self._names.resolve(name)
+            exchange.metadata["requested_model"] = sent = name
+            # From here on, the name its pin or selector chose: the model server and the
+            # filters see that name, as if the client had sent it.
+            name, target = self._names.route(sent)
+            if name != sent:
+                renamed = name
             path = scope["path"][len(route.strip) :]
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
@@ -354,7 +359,7 @@ class Forwarder:
             # moved it (a new port) or changed its filters.
             model = self._config.models.get(target.model_id, model)
             payload, query = _rewrite(
-                route, payload, query, model.use_model_name, model.filters, name
+                route, payload, query, model.use_model_name or renamed, model.filters, name
             )
             upstream = _Upstream(
                 model.proxy, path, query, payload, [], translation, model.timeouts

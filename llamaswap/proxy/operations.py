@@ -1,4 +1,5 @@
-"""Live operations: what is in flight, cancelling one request, model state, the version.
+"""Live operations: what is in flight, cancelling one request, model state, the version,
+the active profile.
 
 ``GET /api/inflight`` lists every request the scheduler has admitted and not yet released,
 from the router's ``RequestInfo`` snapshots, each with the estimate of when it starts
@@ -6,6 +7,10 @@ from the router's ``RequestInfo`` snapshots, each with the estimate of when it s
 through its lease, exactly as a client disconnect would (``Lease.cancel``), and its client
 gets a ``RequestCancelled`` error. Requests to peers bypass the scheduler and hold no
 lease, so they are not listed and cannot be cancelled here.
+
+``GET /api/profiles`` lists the configured profiles and which one is active;
+``PUT /api/profiles/active`` (``{"profile": NAME}``, or ``null`` for none) switches it
+(``Router.set_profile``): requests resolved from then on see its pins.
 
 The router's times are Trio's clock; what is shown is wall-clock time, converted at the
 moment of answering (``to_wall_clock``).
@@ -20,17 +25,19 @@ import time
 from typing import Any
 
 import trio
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from llamaswap._version import versions
 from llamaswap.config import Capabilities
-from llamaswap.errors import RequestCancelled
+from llamaswap.errors import BadRequest, RequestCancelled
 from llamaswap.observability.estimates import estimates
 from llamaswap.process import ModelStatistics
 from llamaswap.router import Router
 from llamaswap.router.lease import RequestInfo
 from llamaswap.schedulers import RequestState
+
+from .extract import Payload
 
 __all__ = [
     "CLIENT_STATUS",
@@ -186,7 +193,8 @@ _LIVE_NAMES = frozenset(state.value for state in _LIVE)
 
 
 def register(quart: QuartTrio, router: Router) -> None:
-    """Add ``/api/inflight``, ``/api/inflight/{id}/cancel`` and ``/api/version``."""
+    """Add ``/api/inflight``, ``/api/inflight/{id}/cancel``, ``/api/version`` and
+    ``/api/profiles``."""
 
     @quart.get("/api/inflight")
     async def inflight() -> Response:
@@ -222,3 +230,30 @@ def register(quart: QuartTrio, router: Router) -> None:
     @quart.get("/api/version")
     async def version() -> Response:
         return _json({**versions(), "pid": os.getpid()})  # for `kill -HUP`
+
+    @quart.get("/api/profiles")
+    async def profiles() -> Response:
+        return _json(profiles_document(router))
+
+    @quart.put("/api/profiles/active")
+    async def activate_profile() -> Response:
+        body = Payload(
+            await request.get_data(True, False, False), request.content_type or ""
+        ).json()
+        profile = body.get("profile", ...)
+        if not (profile is None or isinstance(profile, str)):
+            message = 'expected {"profile": NAME} or {"profile": null}'
+            raise BadRequest(message, param="profile")
+        router.set_profile(profile)
+        return _json(profiles_document(router))
+
+
+def profiles_document(router: Router) -> dict[str, Any]:
+    """``GET /api/profiles``: every profile, with its pins, and the active one's name."""
+    return {
+        "active": router.names.profile,
+        "profiles": [
+            {"name": name, "description": profile.description, "pins": dict(profile.pins)}
+            for name, profile in router.config.profiles.items()
+        ],
+    }

@@ -178,7 +178,7 @@ def upstream_target(
     """
     if comfyui:
         name = COMFYUI_MODEL
-        target, path = names.resolve(name), scope["path"][len(COMFYUI_PREFIX) :] or "/"
+        target, path = names.upstream(name), scope["path"][len(COMFYUI_PREFIX) :] or "/"
     else:
         name, _, rest = scope["path"][len(UPSTREAM_PREFIX) :].partition("/")
         target, path = names.resolve_path(name, rest)

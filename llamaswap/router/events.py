@@ -28,6 +28,7 @@ __all__ = [
     "ModelSpawned",
     "ModelStateChanged",
     "Observer",
+    "ProfileChanged",
     "RequestChange",
     "RequestChanged",
     "RouterEvent",
@@ -71,6 +72,13 @@ class DecisionApplied:
     decision: Decision
 
 
+@attrs.frozen
+class ProfileChanged:
+    """``profile`` is the active profile now (None: none), switched or dropped by a reload."""
+
+    profile: str | None
+
+
 RequestChange = Literal["queued", "paused", "done", "failed", "cancelled"]
 
 
@@ -92,6 +100,7 @@ RouterEvent = (
     | ModelForgotten
     | DecisionApplied
     | RequestChanged
+    | ProfileChanged
 )
 
 #: Every kind, for an observer that names none.
@@ -102,6 +111,7 @@ EVENT_KINDS: tuple[type[RouterEvent], ...] = (
     ModelForgotten,
     DecisionApplied,
     RequestChanged,
+    ProfileChanged,
 )
 
 Observer = Callable[[RouterEvent], None]

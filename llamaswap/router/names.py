@@ -1,13 +1,25 @@
-"""Which model a request's ``model`` name reaches (SPEC §8.1, §3.4)."""
+"""Which model a request's ``model`` name reaches (SPEC §8.1, §3.4).
+
+In order: the active profile's pins (``[profiles.NAME]``) map the requested name to
+another, or to nothing (404); a selector's name (``[selectors.NAME]``) then becomes one
+of its targets, picked by its strategy (``selectors.py``); what is left is a model ID, an
+alias, ``peer/model`` or a bare peer model name. Every route resolves names here, so a
+profile and a selector mean the same to the inference routes, ``/v1/models/{name}``, a
+load and ``/upstream/`` (which takes no selector: it reaches one model's own server).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import final
 
 import attrs
 
-from llamaswap.config.model import Config, PeerConfig
-from llamaswap.errors import ModelNotFound
+from llamaswap.config.model import Config, PeerConfig, SelectorConfig
+from llamaswap.errors import BadRequest, ModelNotFound
+
+from . import selectors
+from .selectors import Loads
 
 __all__ = ["Local", "Names", "Peer"]
 
@@ -26,9 +38,20 @@ class Peer:
 
 @final
 class Names:
-    """Resolves IDs, aliases, ``peer/model`` and bare peer model names."""
+    """Resolves pins, selectors, IDs, aliases, ``peer/model`` and bare peer model names.
 
-    def __init__(self, config: Config) -> None:
+    Args:
+        config: the configuration whose names these are.
+        loads: what the selectors' strategies read (the router).
+        profile: the active profile, one of ``config.profiles``, or None.
+    """
+
+    def __init__(self, config: Config, loads: Loads, profile: str | None = None) -> None:
+        self.profile = profile
+        #: The active profile's pins: requested name → name ("" for none).
+        self.pins: Mapping[str, str] = {} if profile is None else config.profiles[profile].pins
+        self._selectors = config.selectors
+        self._loads = loads
         self._local: dict[str, str] = {}
         for model_id, model in config.models.items():
             self._local[model_id] = model_id
@@ -48,11 +71,55 @@ class Names:
                 self._peers.setdefault(name, targets[0])
         #: The most ``/``-separated segments any name has.
         self._segments = max(
-            (name.count("/") + 1 for name in [*self._local, *self._peers]), default=1
+            (name.count("/") + 1 for name in [*self._local, *self._peers, *self.pins]),
+            default=1,
         )
 
+    def route(self, name: str) -> tuple[str, Local | Peer]:
+        """The name a request for ``name`` goes on as (``name``, its pin's target, or the
+        target its selector picked now) and the model that reaches. Raises
+        ``ModelNotFound`` for a name nothing answers to."""
+        name = self._pinned(name)
+        selector = self._selectors.get(name)
+        if selector is not None:
+            name = selector.targets[self._pick(selector)]
+        return name, self._find(name)
+
     def resolve(self, name: str) -> Local | Peer:
-        """Raises ``ModelNotFound`` for a name nothing answers to."""
+        """The model ``name`` reaches now (``route``)."""
+        return self.route(name)[1]
+
+    def selector(self, name: str) -> tuple[str, SelectorConfig] | None:
+        """The selector ``name`` reaches (through a pin, maybe), by its name, or None."""
+        name = self._pinned(name)
+        selector = self._selectors.get(name)
+        return None if selector is None else (name, selector)
+
+    def _pinned(self, name: str) -> str:
+        pinned = self.pins.get(name, name)
+        if not pinned:
+            raise ModelNotFound(name, profile=self.profile)
+        return pinned
+
+    def _pick(self, selector: SelectorConfig) -> int:
+        if selector.strategy == "pin":
+            return 0
+        models = [self._local[target] for target in selector.targets]  # validated: local
+        if selector.strategy == "warm":
+            return selectors.warm(models, self._loads)
+        return selectors.spillover(models, selector.settings.spillover, self._loads)
+
+    def upstream(self, name: str) -> Local | Peer:
+        """The model ``name`` reaches without a selector (``/upstream/``)."""
+        pinned = self._pinned(name)
+        if pinned in self._selectors:
+            raise BadRequest(
+                f"{name!r} is a selector: /upstream/ reaches one model's server; "
+                "name one of its targets"
+            )
+        return self._find(pinned)
+
+    def _find(self, name: str) -> Local | Peer:
         model_id = self._local.get(name)
         if model_id is not None:
             return Local(model_id)
@@ -69,7 +136,7 @@ class Names:
         parts = f"{name}/{rest}".split("/")
         for cut in range(min(len(parts), self._segments), 0, -1):
             try:
-                return self.resolve("/".join(parts[:cut])), "/" + "/".join(parts[cut:])
+                return self.upstream("/".join(parts[:cut])), "/" + "/".join(parts[cut:])
             except ModelNotFound:
                 continue
         raise ModelNotFound(name)

@@ -35,6 +35,7 @@ import trio
 
 from llamaswap.config.model import Config, ModelConfig
 from llamaswap.errors import (
+    BadRequest,
     InternalError,
     ModelStartFailed,
     ModelUnloaded,
@@ -80,6 +81,7 @@ from .events import (
     ModelSpawned,
     ModelStateChanged,
     Observer,
+    ProfileChanged,
     RequestChange,
     RequestChanged,
     RouterEvent,
@@ -135,7 +137,9 @@ class Router:
         self.resources = resources if resources is not None else Resources(config)
         #: The fit rule's view: figures, budgets, and each model's waiting requests.
         self._placement = self.resources.placement(self.waiting)
-        self.names = Names(config)
+        #: Names as requests use them: the active profile's pins (none at start) and the
+        #: selectors, which read the models' states and requests from here.
+        self.names = Names(config, self)
         self._spawner = spawner
         self._probe = probe
         #: Who is told of each kind of event (``observe``).
@@ -532,6 +536,8 @@ class Router:
         forgotten (``_forget_if_unneeded``); a new one is servable at once. Names, keys,
         filters, TTLs, groups and scheduler settings apply at once; a change of scheduler
         hands every request over to the new one (``Scheduler.surrender``, ``adopt``).
+        The active profile stays active, with its new pins, if the new configuration has
+        it; otherwise none is (``ProfileChanged``).
         """
         changes = diff_config(self.config, config)
         # The new models' supervisors run before any name reaches them; from the swap of
@@ -543,7 +549,12 @@ class Router:
                 await self._start(model_id, supervisor)
                 self._supervisors[model_id] = supervisor
         self.config = config
-        self.names = Names(config)
+        # The active profile stays active while the configuration still has it.
+        active = self.names.profile
+        self.names = Names(config, self, active if active in config.profiles else None)
+        if self.names.profile != active:
+            logger.info("profile %r is no longer in the configuration: none is active", active)
+            self._emit(ProfileChanged(None))
         self.resources.configure(config)
         for model_id, model in config.models.items():
             supervisor = self._supervisors[model_id]
@@ -577,6 +588,18 @@ class Router:
             if lease.ticket in waiting:
                 lease.scheduler = new.name  # the scheduler it will be dispatched by
         self._run_event("reload", partial(new.adopt, handover), handover.waiting)
+
+    def set_profile(self, profile: str | None) -> None:
+        """Make ``profile`` (one of ``config.profiles``) the active profile, or none:
+        requests resolved from now on see its pins. Raises BadRequest for another name."""
+        if profile is not None and profile not in self.config.profiles:
+            known = ", ".join(map(repr, self.config.profiles)) or "none"
+            message = f"no profile {profile!r} in the configuration (profiles: {known})"
+            raise BadRequest(message, param="profile")
+        if profile != self.names.profile:
+            logger.info("profile %r is active", profile)
+            self.names = Names(self.config, self, profile)
+            self._emit(ProfileChanged(profile))
 
     def hurry(self) -> None:
         """Every model's stop, in progress or to come, kills its server at once."""

@@ -1049,6 +1049,58 @@ async def test_the_playground_follows_its_request_through_the_load(
     assert (record["priority"], record["band"], record["status"]) == (100, "interactive", 200)
 
 
+PROFILES = config(
+    """
+[models.alpha]
+cmd = "${fake}"
+[models.beta]
+cmd = "${fake}"
+[profiles.beta-day]
+description = "everything on beta"
+pins = {alpha = "beta", off = ""}
+[profiles.quiet]
+pins = {beta = ""}
+"""
+)
+
+
+@needs_browser
+async def test_the_header_shows_the_active_profile_and_switches_it(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    proxy = await proxy_factory(PROFILES)
+
+    async def active() -> object:
+        async with proxy.client() as client:
+            return (await client.get("/api/profiles")).json()["active"]
+
+    async def switch(profile: str | None) -> None:
+        async with proxy.client() as client:
+            answer = await client.put("/api/profiles/active", json={"profile": profile})
+            assert answer.status_code == 200
+
+    def body(tab: Tab) -> None:
+        tab.open()
+        page = tab.page
+        select = page.get_by_label("Profile")
+        expect(select).to_have_value("", timeout=WAIT)  # none
+        options = select.locator("option")
+        expect(options).to_have_text(["none", "beta-day", "quiet"])
+        select.select_option("beta-day")
+        expect(page.locator("#profile-pins")).to_have_text("alpha → beta, off → off")
+        assert blocking(active) == "beta-day"
+        page.locator("header").screenshot(path=tmp_path / "profile.png")
+        blocking(switch, "quiet")  # another client switches it: the page follows
+        expect(select).to_have_value("quiet", timeout=WAIT)
+        expect(page.locator("#profile-pins")).to_have_text("beta → off")
+        select.select_option("")
+        expect(page.locator("#profile-pins")).to_have_text("")
+        assert blocking(active) is None
+        assert tab.errors == []
+
+    await in_browser(proxy.url, body)
+
+
 @needs_browser
 async def test_the_reload_button_and_the_result_of_the_last_reload(
     proxy_factory: StartProxy,

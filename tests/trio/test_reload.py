@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -18,6 +19,7 @@ from llamaswap.config.model import (
     GroupConfig,
     MatrixConfig,
     ModelConfig,
+    ProfileConfig,
     RouterSection,
     RouterSettings,
     Routing,
@@ -25,14 +27,15 @@ from llamaswap.config.model import (
     SchedulerSettings,
     SerialSettings,
 )
-from llamaswap.errors import ModelUnloaded, RequestError
+from llamaswap.errors import BadRequest, ModelUnloaded, RequestError
 from llamaswap.observability import ActivityLog, Metrics
 from llamaswap.process import ModelState
 from llamaswap.proxy.exchange import Exchange, Recorder
 from llamaswap.reloader import READ_TIMEOUT, SETTLE_DELAY, Reloader, ReloadResult
 from llamaswap.router import Router
-from llamaswap.router.events import ModelStateChanged, RouterEvent
+from llamaswap.router.events import ModelStateChanged, ProfileChanged, RouterEvent
 from llamaswap.router.lease import Lease
+from llamaswap.router.names import Local
 from llamaswap.router.reload import ConfigChanges, diff_config
 from tests.fakes import FakeProbe, FakeSpawner, StateRecorder
 
@@ -790,3 +793,30 @@ async def test_a_request_is_recorded_under_the_scheduler_that_had_it_across_a_sw
         ("b", "serial"),
         ("a", "fifo"),
     ]
+
+
+async def test_a_reload_keeps_the_active_profile_while_the_config_has_it(
+    nursery: trio.Nursery,
+) -> None:
+    spawner = FakeSpawner(nursery)
+    events: list[RouterEvent] = []
+    router = Router(config(a=model(1), b=model(2)), spawner=spawner, probe=FakeProbe(spawner))
+    router.observe(events.append, ProfileChanged)
+    await nursery.start(router.run)
+    with pytest.raises(BadRequest, match="no profile 'day'"):
+        router.set_profile("day")
+
+    def with_profile(target: str) -> Config:
+        profile = ProfileConfig(pins={"a": target})
+        return attrs.evolve(config(a=model(1), b=model(2)), profiles={"day": profile})
+
+    await router.reconfigure(with_profile("b"))
+    router.set_profile("day")
+    router.set_profile("day")  # already active: nothing to tell
+    assert router.names.resolve("a") == Local("b")
+    changes = await router.reconfigure(with_profile("a"))  # its pins changed: still active
+    assert changes.settings == ("profiles",)
+    assert (router.names.profile, router.names.resolve("a")) == ("day", Local("a"))
+    await router.reconfigure(config(a=model(1), b=model(2)))  # gone: none is active
+    assert router.names.profile is None
+    assert events == [ProfileChanged("day"), ProfileChanged(None)]

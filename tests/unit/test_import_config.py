@@ -152,13 +152,12 @@ def test_what_llamaswap_has_no_key_for_is_listed_by_yaml_path_and_never_written(
         ("models.qwen.timeouts.expectContinue", True),
         ("models.docker-llama.compat", True),
         ("routing.router.settings.matrix.vars", False),  # the vars it added
-        ("profiles", True),
     ]
     assert result.remarks[1].render() == (
         "models.qwen.timeouts.expectContinue: not translated: "
         "llamaswap has no key 'expectContinue' here"
     )
-    for key in ("metricsMaxInMemory", "expectContinue", "compat", "profiles"):
+    for key in ("metricsMaxInMemory", "expectContinue", "compat"):
         assert key not in result.toml
 
 
@@ -872,3 +871,34 @@ def test_llama_swaps_comments_that_llamaswap_makes_false_are_rewritten() -> None
         '# llamaswap: the default scheduler is "fifo"; "serial" orders by priority too\n'
         "[routing.scheduler]\n"
     ) in result.toml
+
+
+def test_profiles_and_selectors_carry_over_and_the_older_profile_form_is_noted() -> None:
+    result, config = translate(
+        """
+        models:
+          coder: {cmd: "server --port ${PORT}"}
+          architect: {cmd: "server --port ${PORT}", aliases: [plan]}
+        selectors:
+          coding:
+            strategy: spillover
+            targets: [coder, plan]
+            settings: {spillover: 4}
+            name: "Coding"
+            metadata: {purpose: coding}
+        profiles:
+          work:
+            description: "day time"
+            pins: {llm: coding, image-gen: ~}
+          aider: [coder, architect]
+        """
+    )
+    assert config.selectors["coding"].strategy == "spillover"
+    assert config.selectors["coding"].targets == ("coder", "plan")
+    assert config.selectors["coding"].settings.spillover == 4
+    assert config.selectors["coding"].metadata == {"purpose": "coding"}
+    assert config.profiles["work"].description == "day time"
+    assert config.profiles["work"].pins == {"llm": "coding", "image-gen": ""}
+    assert "aider" not in config.profiles
+    assert remarks(result) == [("profiles.aider", True)]
+    assert "swap = false and exclusive = false" in result.remarks[0].message

@@ -28,6 +28,7 @@ from llamaswap.http.client import UpstreamFailed, _origin
 from llamaswap.http.errors import error_response
 from llamaswap.proxy.extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
 from llamaswap.router.names import Local, Names, Peer
+from tests.fakes import FakeLoads
 from tests.strategies import json_values
 from tests.unit.ports import every_port_free
 
@@ -233,7 +234,7 @@ def test_names_resolve_ids_aliases_and_peers() -> None:
         """,
         free=every_port_free,
     )
-    names = Names(config)
+    names = Names(config, FakeLoads())
     assert names.resolve("org/chat") == Local("org/chat")
     assert names.resolve("gpt-4o-mini") == Local("org/chat")
     assert names.resolve("embed") == Local("embed")  # local wins over a peer's bare name
@@ -255,11 +256,11 @@ def test_names_resolve_ids_aliases_and_peers() -> None:
     # A path of many segments is tried only as far as a name can reach (two segments here).
     tried: list[str] = []
 
-    def resolve(name: str) -> Local | Peer:
+    def upstream(name: str) -> Local | Peer:
         tried.append(name)
         raise ModelNotFound(name)
 
-    names.resolve = resolve  # type: ignore[method-assign]
+    names.upstream = upstream  # type: ignore[method-assign]
     with pytest.raises(ModelNotFound):
         names.resolve_path("a", "b/" * 30_000)
     assert tried == ["a/b", "a"]

@@ -8,6 +8,7 @@ import { mountLogs } from "./logs.js";
 import { mountMemory } from "./memory.js";
 import { mountModels } from "./models.js";
 import { mountPlayground } from "./playground.js";
+import { mountProfiles } from "./profiles.js";
 import { mountQueue } from "./queue.js";
 import { followResources } from "./resources.js";
 import { Store } from "./store.js";
@@ -270,6 +271,7 @@ mountQueue(store);
 const activity = mountActivity(store);
 const logs = mountLogs(store);
 mountPlayground(store);
+mountProfiles(store);
 setUpTabs((name) => {
   logs.show(name === "logs");
   activity.show(name === "activity");

@@ -36,6 +36,7 @@ export class Store {
 
   reset() {
     this.scheduler = null;
+    this.profile = null; // the active profile's name
     this.models = new Map();
     this.requests = new Map();
     this.queue = { waiting: 0, loading: 0, bands: {}, order: [], scores: [], at: performance.now() };
@@ -95,6 +96,8 @@ export class Store {
         return this.emit("activity", event.record);
       case "load":
         return this.emit("load", event); // a load began: what it needs and evicts is in /api/resources
+      case "profileChanged":
+        return this.setProfile(event.profile);
       case "reload":
         // Models may have come or gone: the app reconnects for a fresh snapshot.
         this.lastReload = { ...event, at: Date.now() };
@@ -104,10 +107,16 @@ export class Store {
     }
   }
 
+  setProfile(profile) {
+    this.profile = profile;
+    this.emit("profile");
+  }
+
   onSnapshot(event) {
     const previous = this.models;
     this.reset();
     this.scheduler = event.scheduler;
+    this.profile = event.profile ?? null;
     for (const entry of event.models) {
       this.follow(this.model(entry.model, previous.get(entry.model)), entry);
     }
