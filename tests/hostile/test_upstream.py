@@ -227,7 +227,8 @@ async def test_a_json_body_that_is_not_utf8_is_refused_and_valid_json_goes_as_wr
 
     async def script(peer: Peer, index: int) -> None:
         while (request := await peer.request()) is not None:
-            received.append(request[1])
+            if request[0].target != b"/props":  # llamaswap reads it once after a load
+                received.append(request[1])
             await peer.respond(b"{}")
 
     server = await start_server(nursery, script)
@@ -272,7 +273,8 @@ async def test_dot_segments_after_the_model_are_refused_not_passed_on(
 
     async def script(peer: Peer, index: int) -> None:
         while (request := await peer.request()) is not None:
-            targets.append(request[0].target)
+            if request[0].target != b"/props":  # llamaswap reads it once after a load
+                targets.append(request[0].target)
             await peer.respond(request[0].target)
 
     server = await start_server(nursery, script)
