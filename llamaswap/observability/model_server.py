@@ -6,7 +6,8 @@ vLLM's series. A llamaswap node answers with those names, so a stock picker need
 configuration, and each of its models stands for a LoRA adapter: the picker's adapter
 affinity is then model locality.
 
-* ``vllm:num_requests_waiting``: requests queued in this node's scheduler;
+* ``vllm:num_requests_waiting``: requests waiting in this node's scheduler: queued, or
+  joined to a load in progress (not served yet either way);
 * ``vllm:num_requests_running``: requests being served;
 * ``vllm:kv_cache_usage_perc`` (a fraction, as vLLM's): the fullest ready model's KV
   cache, as its server reports it (llama-server ``--metrics``, vLLM), else its busy
@@ -100,6 +101,7 @@ def node_figures(source: Source, kv: Mapping[str, float], capacity: int) -> Node
     ``capacity``: ``max_lora``."""
     resident, loading = [], []
     running, usage = 0, 0.0
+    queue = source.scheduler.statistics()
     for model in source.known_models():
         stats = source.statistics(model)
         running += stats.in_flight
@@ -110,7 +112,7 @@ def node_figures(source: Source, kv: Mapping[str, float], capacity: int) -> Node
         elif stats.state is ModelState.STARTING or source.waiting(model) > 0:
             loading.append(model)
     return NodeFigures(
-        waiting=source.scheduler.statistics().waiting,
+        waiting=queue.waiting + queue.loading,
         running=running,
         kv_usage=min(1.0, usage),
         resident=sorted(resident),

@@ -44,16 +44,17 @@ def test_max_lora_is_how_many_models_run_together_in_config_order(
 @attrs.define
 class FakeScheduler:
     waiting: int = 0
+    loading: int = 0
 
     def statistics(self) -> SchedulerStatistics:
-        return SchedulerStatistics("serial", self.waiting, 0, (), {})
+        return SchedulerStatistics("serial", self.waiting, self.loading, (), {})
 
 
 @attrs.define
 class FakeNode:
     config: Config
     states: dict[str, tuple[ModelState, int, int]]  # state, in flight, waiting
-    scheduler: FakeScheduler = attrs.field(factory=lambda: FakeScheduler(3))
+    scheduler: FakeScheduler = attrs.field(factory=lambda: FakeScheduler(1, 2))
     swapper: Swapper = attrs.field(factory=lambda: GroupSwapper({}))  # Source's, unused
 
     def known_models(self) -> list[str]:
@@ -97,7 +98,7 @@ def test_figures_count_what_the_router_knows() -> None:
         },
     )
     figures = node_figures(node, {}, 1)
-    assert figures == NodeFigures(
+    assert figures == NodeFigures(  # waiting: 1 queued and 2 joined to a load
         waiting=3, running=1, kv_usage=0.5, resident=["a"], loading=["b", "c"], capacity=1
     )
 
