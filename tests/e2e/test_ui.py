@@ -213,6 +213,12 @@ def test_the_whole_page_is_small() -> None:
     assert sum(path.stat().st_size for path in files) < 200_000
 
 
+def screenshots(tmp_path: Path) -> Path:
+    """Where a test's pictures for the docs go: ``$LLAMASWAP_UI_SCREENSHOTS`` (``docs/img``
+    refreshes the documentation's), else the test's own directory."""
+    return Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+
+
 @needs_browser
 async def test_the_page_loads_live_with_no_console_error(proxy_factory: StartProxy) -> None:
     proxy = await proxy_factory(MODELS)
@@ -378,7 +384,9 @@ async def test_a_model_that_fails_to_start_shows_failed_with_why_until_its_next_
         expect(broken.get_by_role("button", name="Load broken", exact=True)).to_be_enabled()
         expect(broken.get_by_role("button", name="Unload broken")).to_be_disabled()
         expect(state_of(tab.model("beta"))).to_have_text("stopped")  # not failed: never tried
-        page.locator("#models-panel").screenshot(path=tmp_path / "failed.png")
+        page.locator("#models-panel").screenshot(
+            path=screenshots(tmp_path) / "model-failed.png", animations="disabled"
+        )
         # Its next start ends it: starting, without the failure, until it fails again.
         broken.get_by_role("button", name="Load broken", exact=True).click()
         expect(state_of(broken)).to_have_text("starting", timeout=WAIT)
@@ -493,7 +501,7 @@ async def test_a_preempted_request_shows_paused_in_the_queue_then_resumed(
     interactive request for slow, whose load takes a minute: the batch one waits, paused,
     for as long as the test looks. Cancelling the interactive one from the page resumes it.
     The picture goes to ``$LLAMASWAP_UI_SCREENSHOTS`` (``queue-paused.png``) when set."""
-    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+    target = screenshots(tmp_path)
     proxy = await proxy_factory(PREEMPT)
     answers: dict[str, httpx.Response] = {}
     answered = trio.Event()
@@ -1089,7 +1097,9 @@ async def test_the_header_shows_the_active_profile_and_switches_it(
         select.select_option("beta-day")
         expect(page.locator("#profile-pins")).to_have_text("alpha → beta, off → off")
         assert blocking(active) == "beta-day"
-        page.locator("header").screenshot(path=tmp_path / "profile.png")
+        page.locator("header").screenshot(
+            path=screenshots(tmp_path) / "profile.png", animations="disabled"
+        )
         blocking(switch, "quiet")  # another client switches it: the page follows
         expect(select).to_have_value("quiet", timeout=WAIT)
         expect(page.locator("#profile-pins")).to_have_text("beta → off")
@@ -1448,7 +1458,7 @@ async def test_screenshots_in_light_and_dark_at_1280_and_390_pixels(
     """Under serial on a 24 GiB fake GPU: chat (14 GiB) serves a long answer with embed
     (2 GiB) loaded beside it, four requests for chat and one for coder (12 GiB, which
     does not fit beside chat) wait."""
-    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+    target = screenshots(tmp_path)
     await trio.Path(target).mkdir(parents=True, exist_ok=True)
     fake_gpu(tmp_path / "gpu", monkeypatch)
     proxy = await proxy_factory(
