@@ -48,9 +48,10 @@ class ActivityRecord:
     """What happened to one request.
 
     ``priority``/``band``/``score``/``queue_wait_ms`` describe its time with the scheduler
-    (``score`` is ``None`` unless ``serial`` picked it); token counts come from the
-    response's ``usage`` when it reports one, token speeds from llama.cpp's ``timings``;
-    ``metadata`` is whatever the handlers on the request's path added.
+    (``score`` is ``None`` unless ``serial`` picked it); ``ttft_ms`` runs from its arrival
+    to the first byte of the model server's answer; token counts come from the response's
+    ``usage`` when it reports one, token speeds and cached and draft tokens from llama.cpp's
+    ``timings``; ``metadata`` is whatever the handlers on the request's path added.
     """
 
     id: int
@@ -72,6 +73,10 @@ class ActivityRecord:
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     request: int | None = None  # the request's number (``RequestInfo.id``), if admitted
+    ttft_ms: float | None = None
+    cached_tokens: int | None = None
+    draft_tokens: int | None = None
+    draft_accepted_tokens: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         document = attrs.asdict(self, recurse=False)

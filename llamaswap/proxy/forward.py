@@ -529,7 +529,7 @@ class Forwarder:
                 if generation.pinned:
                     lease.pin()
                 if out:
-                    tap.feed(out)
+                    exchange.answer(out)
                     await reply.body(out)
         if generation.client_streams:
             if generation.usage is not None and not generation.client_usage:
@@ -538,7 +538,7 @@ class Forwarder:
             await reply.body(b"", more=False)
             return True
         document = json.dumps(generation.answer()).encode()
-        tap.feed(document)
+        exchange.answer(document)
         json_fields = [(k, v) for k, v in fields if k not in (b"content-type", b"content-length")]
         await reply.start(200, [*json_fields, (b"content-type", b"application/json")])
         await reply.body(document, more=False)
@@ -557,20 +557,17 @@ class Forwarder:
             event = _error_event(await response.read(), response.status, exchange.model)
             await reply.body(b"data: " + event + b"\n\n", more=False)
             return
-        tap = exchange.tap
         length = (
             "" if response.header(b"transfer-encoding") else response.header(b"content-length")
         )
         if length.isdigit() and int(length) <= SMALL_BODY:
             # A small answer goes out in one piece, together with the response's end.
             data = await response.read()
-            if tap is not None:
-                tap.feed(data)
+            exchange.answer(data)
             await reply.body(data, more=False)
             return
         async for data in response.chunks():
-            if tap is not None:
-                tap.feed(data)
+            exchange.answer(data)
             await reply.body(data)
         await reply.body(b"", more=False)
 
@@ -588,7 +585,7 @@ class Forwarder:
         if response.status != 200 or not (stream or content_type.startswith("application/json")):
             await self._relay(exchange, response, reply)
             return
-        exchange.tap = tap = UsageTap(content_type)
+        exchange.tap = UsageTap(content_type)
         headers = [
             (k, v)
             for k, v in downstream_headers(response, content_type, exchange.model)
@@ -597,7 +594,7 @@ class Forwarder:
         headers.append((b"content-type", content_type.encode("latin-1")))
         if not stream:
             data = await response.read()
-            tap.feed(data)
+            exchange.answer(data)
             try:
                 document = anthropic.message_response(json.loads(data), translation)
             except (ValueError, RecursionError) as exc:  # not JSON, too deep, not a chat answer
@@ -608,7 +605,7 @@ class Forwarder:
         events = anthropic.MessageStream(translation)
         await reply.start(200, headers)
         async for data in response.chunks():
-            tap.feed(data)
+            exchange.answer(data)
             if translated := events.feed(data):
                 await reply.body(translated)
         await reply.body(events.close(), more=False)
