@@ -30,6 +30,7 @@ __all__ = [
     "ActivityQuery",
     "ActivityRecord",
     "iso_time",
+    "parameters",
 ]
 
 #: Records ``GET /api/activity`` returns without ``limit``, and the most it returns.
@@ -121,14 +122,7 @@ class ActivityQuery:
             BadRequest: an unknown parameter, one given twice, or a bad value; ``param``
                 names it.
         """
-        values: dict[str, str] = {}
-        for name, given in args.items():
-            if name not in _PARAMETERS:
-                hint = suggestion(name, _PARAMETERS, noun="parameters")
-                raise BadRequest(f"unknown parameter {name!r}; {hint}", param=name)
-            if len(given) != 1:
-                raise BadRequest(f"{name} is given {len(given)} times; give it once", param=name)
-            values[name] = given[0]
+        values = parameters(args, _PARAMETERS)
         band = values.get("band")
         if band is not None and band not in BANDS:
             known = ", ".join(BANDS)
@@ -151,6 +145,24 @@ class ActivityQuery:
             and (self.since is None or record.time >= self.since)
             and (self.until is None or record.time < self.until)
         )
+
+
+def parameters(args: Mapping[str, Sequence[str]], known: Sequence[str]) -> dict[str, str]:
+    """URL parameters (each name → its values) as name → value, each of them ``known``
+    and given once.
+
+    Raises:
+        BadRequest: an unknown parameter, or one given twice; ``param`` names it.
+    """
+    values: dict[str, str] = {}
+    for name, given in args.items():
+        if name not in known:
+            hint = suggestion(name, known, noun="parameters")
+            raise BadRequest(f"unknown parameter {name!r}; {hint}", param=name)
+        if len(given) != 1:
+            raise BadRequest(f"{name} is given {len(given)} times; give it once", param=name)
+        values[name] = given[0]
+    return values
 
 
 def _parse_status(text: str | None) -> tuple[int, int] | None:

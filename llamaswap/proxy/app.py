@@ -45,7 +45,6 @@ from llamaswap.http.errors import error_answer, error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
-    ActivityQuery,
     ActivityStore,
     EventHub,
     Logs,
@@ -60,11 +59,11 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, gpu, live, routes, site, ui
+from . import cors, gpu, history, live, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
-from .operations import client_address, model_status, register
+from .operations import client_address, json_response, model_status, register
 
 __all__ = ["Application", "create_app"]
 
@@ -281,10 +280,6 @@ def _relative_location(redirect: RequestRedirect) -> str:
     return f"{path}?{parts.query}" if parts.query else path
 
 
-def _json(document: Any) -> Response:
-    return Response(json.dumps(document), content_type="application/json")
-
-
 def create_app(
     router: Router,
     pool: UpstreamPool,
@@ -422,7 +417,7 @@ def create_app(
             peer_id, peer_model = name.split("/", 1)
             peer = Peer(peer_id, peer_model, config.peers[peer_id])
             data.append(model_entry(name, peer, now=now, wall_now=wall_now))
-        return _json({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     @quart.get("/v1/models/<path:name>")
     @quart.get("/models/<path:name>")
@@ -430,7 +425,8 @@ def create_app(
         # Any name a request may use, listed or not (an alias, an unlisted model, a bare
         # peer model name), as OpenAI answers for any model the key may use.
         target = router.names.resolve(name)  # ModelNotFound: 404 model_not_found
-        return _json(model_entry(name, target, now=trio.current_time(), wall_now=time.time()))
+        entry = model_entry(name, target, now=trio.current_time(), wall_now=time.time())
+        return json_response(entry)
 
     @quart.get("/running")
     async def running() -> Response:
@@ -452,7 +448,7 @@ def create_app(
                     **memory_entry(router.resources, model_id),
                 }
             )
-        return _json({"running": entries})
+        return json_response({"running": entries})
 
     @quart.post("/api/models/load/<path:name>")
     async def load(name: str) -> Response:
@@ -479,18 +475,18 @@ def create_app(
             raise
         finally:
             recorder.finish(exchange)
-        return _json({"model": model_id, "state": router.model_state(model_id).value})
+        return json_response({"model": model_id, "state": router.model_state(model_id).value})
 
     @quart.post("/api/models/unload")
     @quart.get("/unload")  # llama-swap's
     async def unload_all() -> Response:
-        return _json({"unloaded": sorted(await router.unload())})
+        return json_response({"unloaded": sorted(await router.unload())})
 
     @quart.post("/api/models/unload/<path:name>")
     async def unload(name: str) -> Response:
         model_id = local(name)
         await router.unload([model_id])
-        return _json({"unloaded": [model_id]})
+        return json_response({"unloaded": [model_id]})
 
     @quart.post("/api/config/reload")
     async def reload_config() -> Response:
@@ -503,7 +499,7 @@ def create_app(
             status, _, body = error_response(BadRequest(message))
             document = {**json.loads(body), **result.to_json()}
             return Response(json.dumps(document), status=status, content_type="application/json")
-        return _json(result.to_json())
+        return json_response(result.to_json())
 
     @quart.get("/metrics")
     async def metrics_text() -> Response:
@@ -514,16 +510,8 @@ def create_app(
         text = model_server.exposition(time.time())
         return Response(text, content_type=METRICS_CONTENT_TYPE)
 
-    @quart.get("/api/activity")
-    async def activity_log() -> Response:
-        query = ActivityQuery.from_args(request.args.to_dict(flat=False))
-        if store is None:
-            records = recorder.activity.select(query)
-        else:
-            records = await store.select(query, recorder.activity)
-        return _json({"activity": [record.to_json() for record in records]})
-
     register(quart, router)
+    history.register(quart, recorder.activity, store)
     gpu.register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)

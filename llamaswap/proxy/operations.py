@@ -34,6 +34,7 @@ __all__ = [
     "client_address",
     "inflight_entry",
     "iso_time",
+    "json_response",
     "model_status",
     "register",
     "to_wall_clock",
@@ -117,7 +118,8 @@ def model_status(
     }
 
 
-def _json(document: Any, status: int = 200) -> Response:
+def json_response(document: Any, status: int = 200) -> Response:
+    """``document`` as a JSON answer."""
     return Response(json.dumps(document), status=status, content_type="application/json")
 
 
@@ -145,7 +147,7 @@ def register(quart: QuartTrio, router: Router) -> None:
             for info in router.requests()
             if info.state in _LIVE_NAMES
         ]
-        return _json({"inflight": entries})
+        return json_response({"inflight": entries})
 
     @quart.post("/api/inflight/<int:request_id>/cancel")
     async def cancel(request_id: int) -> Response:
@@ -154,12 +156,12 @@ def register(quart: QuartTrio, router: Router) -> None:
         if lease is None or info is None:
             message = f"no request {request_id} in flight; GET /api/inflight lists them"
             error = {"message": message, "type": "invalid_request_error", "code": "not_found"}
-            return _json({"error": {**error, "param": None}}, status=404)
+            return json_response({"error": {**error, "param": None}}, status=404)
         # Synchronous: the request's own task unwinds (leaves the queue, drops its load,
         # closes its upstream connection) and answers its client with the error.
         lease.cancel(RequestCancelled(request_id))
-        return _json({"cancelled": request_id, "state": info.state})
+        return json_response({"cancelled": request_id, "state": info.state})
 
     @quart.get("/api/version")
     async def version() -> Response:
-        return _json(versions())
+        return json_response(versions())
