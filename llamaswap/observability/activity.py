@@ -78,6 +78,7 @@ class ActivityRecord:
     cached_tokens: int | None = None
     draft_tokens: int | None = None
     draft_accepted_tokens: int | None = None
+    captured: bool = False  # its capture was taken (``GET /api/captures/{id}``)
 
     def to_json(self) -> dict[str, Any]:
         document = attrs.asdict(self, recurse=False)

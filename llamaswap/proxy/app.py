@@ -46,6 +46,7 @@ from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
     ActivityStore,
+    Captures,
     EventHub,
     Logs,
     Metrics,
@@ -316,7 +317,7 @@ def create_app(
         reloader = Reloader(config_path, router, reloaded)
     if activity is None:
         activity = ActivityLog()
-    recorder = Recorder(activity, metrics)
+    recorder = Recorder(activity, metrics, Captures(lambda: router.config.capture_buffer))
     # One for the whole app: a flood of 429s costs one estimate per MAX_AGE.
     estimator = Estimator(router)
     quart = QuartTrio("llamaswap")
@@ -498,7 +499,7 @@ def create_app(
             message = f"the config has {count} problem(s); the running config stays"
             status, _, body = error_response(BadRequest(message))
             document = {**json.loads(body), **result.to_json()}
-            return Response(json.dumps(document), status=status, content_type="application/json")
+            return json_response(document, status)
         return json_response(result.to_json())
 
     @quart.get("/metrics")
@@ -511,7 +512,7 @@ def create_app(
         return Response(text, content_type=METRICS_CONTENT_TYPE)
 
     register(quart, router)
-    history.register(quart, recorder.activity, store)
+    history.register(quart, recorder.activity, store, recorder.captures)
     gpu.register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)

@@ -2,7 +2,8 @@
 
 Each handler on a request's path may add to ``Exchange.metadata`` (the model name it
 asked for, the alias it used, the peer it went to, the scheduler's own notes); all of it
-lands in the activity log with the request.
+lands in the activity log with the request, and its capture, if one was taken, in the
+captures under the record's ID.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from typing import Any, final
 import attrs
 import trio
 
-from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, Usage, UsageTap
+from llamaswap.observability import (
+    ActivityLog,
+    ActivityRecord,
+    Captures,
+    CaptureTap,
+    Metrics,
+    Usage,
+    UsageTap,
+)
 from llamaswap.observability.activity import iso_time
 from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
@@ -37,6 +46,7 @@ class Exchange:
     error: str | None = None
     tap: UsageTap | None = None
     first_byte: float | None = None  # when the model server's answer began to arrive
+    capture: CaptureTap | None = None  # set when its model captures (``capture``)
     metadata: dict[str, Any] = attrs.field(factory=dict)
 
     def answer(self, data: bytes) -> None:
@@ -61,11 +71,12 @@ CLIENT_LEFT = "client disconnected"
 
 @final
 class Recorder:
-    """Turns finished exchanges into activity records and metrics."""
+    """Turns finished exchanges into activity records, captures and metrics."""
 
-    def __init__(self, activity: ActivityLog, metrics: Metrics) -> None:
+    def __init__(self, activity: ActivityLog, metrics: Metrics, captures: Captures) -> None:
         self.activity = activity
         self.metrics = metrics
+        self.captures = captures
 
     def finish(self, exchange: Exchange) -> ActivityRecord:
         ticket = None if exchange.lease is None else exchange.lease.info()
@@ -103,7 +114,10 @@ class Recorder:
             cached_tokens=usage.cached_tokens,
             draft_tokens=usage.draft_tokens,
             draft_accepted_tokens=usage.draft_accepted_tokens,
+            captured=exchange.capture is not None,
         )
+        if exchange.capture is not None:  # there before the record's event says so
+            self.captures.add(exchange.capture.finish(record.id))
         self.activity.add(record)
         metrics = self.metrics
         series = metrics.series

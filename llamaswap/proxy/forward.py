@@ -57,7 +57,7 @@ from llamaswap.http.headers import (
     header_map,
     upstream_headers,
 )
-from llamaswap.observability import UsageTap
+from llamaswap.observability import CaptureTap, UsageTap
 from llamaswap.observability.estimates import Estimator
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
@@ -126,6 +126,8 @@ class _Reply:
         self.event_stream = any(
             k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
         )
+        if self._exchange.capture is not None:
+            self._exchange.capture.response_start(status, headers)
         start: HTTPResponseStartEvent = {
             "type": "http.response.start",
             "status": status,
@@ -136,6 +138,8 @@ class _Reply:
 
     async def body(self, chunk: bytes, *, more: bool = True) -> None:
         self._exchange.finished = not more
+        if self._exchange.capture is not None:
+            self._exchange.capture.response_body(chunk)
         event: HTTPResponseBodyEvent = {
             "type": "http.response.body",
             "body": chunk,
@@ -298,6 +302,7 @@ class Forwarder:
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
+            self._capture(exchange, scope, payload, body, wanted=self._config.capture)
             peer = target.config
             payload, query = _rewrite(route, payload, query, target.model, peer.filters, name)
             auth = _peer_auth(target)
@@ -306,6 +311,7 @@ class Forwarder:
             return
         exchange.model = target.model_id
         model = self._config.models[target.model_id]
+        self._capture(exchange, scope, payload, body, wanted=model.capture)
         translation = None  # set when /v1/messages goes to a chat-completions server
         messages = route.model_in is not None and path in _MESSAGES
         if messages and payload is not None and model.anthropic == "translate":
@@ -356,6 +362,32 @@ class Forwarder:
                     return
                 lease.pin()
             await self._forward(exchange, scope, upstream, body, reply)
+
+    def _capture(
+        self,
+        exchange: Exchange,
+        scope: HTTPScope,
+        payload: Payload | None,
+        body: RequestBody,
+        *,
+        wanted: bool,
+    ) -> None:
+        """Take the request's capture if its model's ``capture`` is on: its head and the
+        body the client sent now (or, streamed through, as it arrives); the answer as it
+        goes out (``_Reply``)."""
+        if not wanted:
+            return
+        exchange.capture = capture = CaptureTap(
+            scope["method"],
+            scope["path"],
+            scope["query_string"],
+            scope["headers"],
+            self._config.capture_max_bytes,
+        )
+        if payload is None:
+            body.tee = capture.request_body
+        else:
+            capture.request_body(payload.raw)
 
     def _preemptible(
         self, model_id: str, headers: dict[str, str], path: str, payload: Payload | None

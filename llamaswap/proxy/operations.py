@@ -23,7 +23,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from llamaswap._version import versions
-from llamaswap.errors import RequestCancelled
+from llamaswap.errors import NotFound, RequestCancelled
 from llamaswap.observability.estimates import estimates
 from llamaswap.process import ModelStatistics
 from llamaswap.router import Router
@@ -154,9 +154,7 @@ def register(quart: QuartTrio, router: Router) -> None:
         lease = router.lease_by_id(request_id)
         info = None if lease is None or lease.state not in _LIVE else lease.info()
         if lease is None or info is None:
-            message = f"no request {request_id} in flight; GET /api/inflight lists them"
-            error = {"message": message, "type": "invalid_request_error", "code": "not_found"}
-            return json_response({"error": {**error, "param": None}}, status=404)
+            raise NotFound(f"no request {request_id} in flight; GET /api/inflight lists them")
         # Synchronous: the request's own task unwinds (leaves the queue, drops its load,
         # closes its upstream connection) and answers its client with the error.
         lease.cancel(RequestCancelled(request_id))
