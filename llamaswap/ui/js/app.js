@@ -10,6 +10,7 @@ import { mountModels } from "./models.js";
 import { mountPlayground } from "./playground.js";
 import { mountQueue } from "./queue.js";
 import { followResources } from "./resources.js";
+import { mountStats } from "./stats.js";
 import { Store } from "./store.js";
 
 const store = new Store();
@@ -268,11 +269,13 @@ mountModels(store);
 mountMemory(store);
 mountQueue(store);
 const activity = mountActivity(store);
+const stats = mountStats(store);
 const logs = mountLogs(store);
 mountPlayground(store);
 setUpTabs((name) => {
   logs.show(name === "logs");
   activity.show(name === "activity");
+  stats.show(name === "activity");
 });
 renderConnection();
 follow();
