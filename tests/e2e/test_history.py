@@ -12,7 +12,9 @@ import trio
 from llamaswap.proxy.forward import SMALL_BODY
 from tests.e2e.conftest import StartProxy
 from tests.e2e.test_activity_store import STORED, activity, streamed_timings
+from tests.e2e.test_fake_server import fake_server, wait_healthy
 from tests.e2e.test_proxy import chat, config
+from tests.e2e.test_reload import rewrite
 
 
 async def test_statistics_per_model_over_the_window(proxy_factory: StartProxy) -> None:
@@ -160,3 +162,51 @@ async def test_an_upload_streamed_through_is_captured_as_it_passes(
     assert len(body) > SMALL_BODY
     assert captured["request"]["path"] == "/upstream/alpha/v1/chat/completions"
     assert captured["request"]["body"] == {"size": len(body), "kept": 1024, "text": body[:1024]}
+
+
+async def test_requests_to_a_peer_follow_the_top_level_capture(
+    proxy_factory: StartProxy,
+) -> None:
+    async with fake_server() as fake:
+        url = f"http://127.0.0.1:{fake.port}"
+        async with httpx.AsyncClient(timeout=10) as direct:
+            with trio.fail_after(10):
+                await wait_healthy(direct, url)
+        peer = f"""
+[peers.far]
+proxy = "{url}"
+models = ["remote"]
+apiKey = "sk-peer-1"
+filters = {{ stripParams = ["max_tokens"] }}
+"""
+        proxy = await proxy_factory(config(peer, capture=True))
+        async with proxy.client() as client:
+            with trio.fail_after(30):
+                body = chat("far/remote", max_tokens=3)
+                answer = await client.post("/v1/chat/completions", json=body)
+                assert answer.status_code == 200
+                record = await record_of(client, "far/remote")
+                captured = (await client.get(f"/api/captures/{record['id']}")).json()
+    # The client's request, as it sent it (the peer got it without max_tokens, with its key).
+    assert json.loads(captured["request"]["body"]["text"]) == body
+    assert captured["response"]["body"]["text"] == answer.text
+    assert "sk-peer-1" not in json.dumps(captured)
+
+
+async def test_a_reload_that_turns_capture_on_applies_to_the_next_request(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.alpha]\ncmd = "${fake}"'))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            assert (await client.post("/v1/chat/completions", json=chat("alpha"))).is_success
+            before = await record_of(client, "alpha")
+            # The top-level key before the first table: alpha inherits it.
+            rewrite(proxy.config, "capture = true\n" + proxy.config.read_text())
+            reloaded = (await client.post("/api/config/reload")).json()
+            assert (await client.post("/v1/chat/completions", json=chat("alpha"))).is_success
+            after = await record_of(client, "alpha")
+            captured = await client.get(f"/api/captures/{after['id']}")
+    assert reloaded["changed"]["updated"] == ["alpha"]  # the same process: no restart
+    assert (before["captured"], after["captured"]) == (False, True)
+    assert captured.json()["response"]["status"] == 200
