@@ -12,6 +12,7 @@
         ├── HostNotAllowed          403  the Host is not one llamaswap answers to (DNS rebinding)
         ├── CrossSiteRequest        403  a page of another site (or a form) would change state
         ├── ModelNotFound           404  no model, alias, selector or peer model by that name
+        ├── NotFound                404  no request in flight, or capture, by that ID
         ├── MethodNotAllowed        405  e.g. GET on a POST-only inference route
         ├── RequestTimeout          408  the request body stopped arriving
         ├── BodyTooLarge            413  body larger than ``maxBodyBytes``
@@ -59,6 +60,7 @@ __all__ = [
     "ModelNotLoaded",
     "ModelStartFailed",
     "ModelUnloaded",
+    "NotFound",
     "QueueFull",
     "RequestCancelled",
     "RequestError",
@@ -218,6 +220,11 @@ class ModelNotFound(RequestError):
         else:
             why = f"belongs to the peer {peer!r}: llamaswap loads and unloads only its own models"
         super().__init__(f"model {_quoted_name(model)} {why}")
+
+
+class NotFound(RequestError):
+    """What a management route names by ID (a request in flight, a capture) is not there;
+    the message says where to find those that are."""
 
 
 class MethodNotAllowed(RequestError):

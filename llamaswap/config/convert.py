@@ -72,6 +72,8 @@ _FIELD_HOOKS: dict[tuple[type, str], Hook] = {
     (DeviceConfig, "headroom"): lambda value, _: parse_size(value),
     (Config, "memory_headroom"): lambda value, _: parse_size(value),
     (Config, "slot_save_limit"): lambda value, _: parse_size(value),
+    (Config, "capture_max_bytes"): lambda value, _: parse_size(value),
+    (Config, "capture_buffer"): lambda value, _: parse_size(value),
 }
 
 

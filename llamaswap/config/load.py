@@ -38,6 +38,7 @@ _INHERITED = (
     ("globalTTL", "ttl"),
     ("unloadTimeout", "unloadTimeout"),
     ("sendLoadingState", "sendLoadingState"),
+    ("capture", "capture"),
 )
 
 #: How deep tables and arrays may nest (a real config needs a dozen levels at most).

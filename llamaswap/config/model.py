@@ -249,6 +249,9 @@ class ModelConfig:
     #: KV cache is saved before a swap evicts it and restored after its next load
     #: (``process/slots.py``); absolute once ``load_config`` has read the file.
     slot_save_path: str | None = None
+    #: Keep what its requests sent and were answered, in memory (``Captures``); the
+    #: top-level ``capture`` when not set.
+    capture: bool = False
 
     @property
     def idle_ttl(self) -> float | None:
@@ -441,6 +444,10 @@ class GatewayConfig:
 DEFAULT_MEMORY_HEADROOM = 512 * 2**20
 #: ``slotSaveLimit``: the bytes of slot files llamaswap keeps, across every model.
 DEFAULT_SLOT_SAVE_LIMIT = 4 * 2**30
+#: ``captureMaxBytes``: the bytes of one body (a request's, an answer's) a capture keeps.
+DEFAULT_CAPTURE_MAX_BYTES = 256 * 2**10
+#: ``captureBuffer``: the bytes all the captures kept in memory may hold.
+DEFAULT_CAPTURE_BUFFER = 16 * 2**20
 
 
 @attrs.frozen
@@ -493,6 +500,10 @@ class Config:
     default_model: str | None = None
     upstream: UpstreamSection = UpstreamSection()
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
+    #: Capture every model's requests (and peers'); each model's ``capture`` overrides it.
+    capture: bool = False
+    capture_max_bytes: int = DEFAULT_CAPTURE_MAX_BYTES
+    capture_buffer: int = DEFAULT_CAPTURE_BUFFER
 
     def fallback_model(self) -> str | None:
         """The name a request that names no model is served by: ``defaultModel``, else

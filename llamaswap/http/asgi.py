@@ -97,6 +97,7 @@ class RequestBody:
         self._received = 0
         self._buffered: collections.deque[bytes] = collections.deque()
         self.expected = expected  # the request says it has a body
+        self.tee: Callable[[bytes], None] | None = None  # given each piece as it arrives
         self.disconnected = False
         self.complete = False  # the whole body has arrived (or is being dropped)
 
@@ -122,6 +123,8 @@ class RequestBody:
                     self._received += len(chunk)
                     if self._received > self._limit:
                         raise BodyTooLarge(self._limit)
+                    if self.tee is not None:
+                        self.tee(chunk)
                     return chunk
         return None
 

@@ -103,7 +103,6 @@ _REASONS = {
     "logRequests": "an old llama-swap switch; llamaswap has no such key",
     "metricsMaxInMemory": "llamaswap keeps the last 1000 requests in memory; "
     "a [store] table keeps more, on disk",
-    "captureBuffer": "llamaswap does not capture request and response bodies",
     "ui": "llamaswap's dashboard has no settings",
     "performance": "llamaswap does not collect system statistics",
     "compat": "llamaswap has no compat settings",
@@ -885,6 +884,23 @@ def _zero_is_default(t: _Translator, key: str, value: object, path: Path) -> Ite
     below = key == "concurrencyLimit" and isinstance(value, (int, float)) and value < 0
     if value != 0 and value is not None and not below:
         yield from t.copy(key, value, path, "any")
+
+
+@_hook(schema.Config, "captureBuffer")
+def _capture_buffer(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    """llama-swap's is a number of MiB, and captures every request unless it is 0 or less;
+    llamaswap's is a size, and captures only where ``capture = true`` says."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        t.skip(path, "llama-swap takes a whole number of megabytes here")
+    elif value > 0:
+        t.note(
+            path,
+            f'written "{value}MiB" (llama-swap counts megabytes); llamaswap captures only '
+            "with capture = true, off by default since captures hold prompts and answers: "
+            "add it to capture every model's requests, as llama-swap did",
+        )
+        yield from t.copy(key, f"{value}MiB", path, "str")
+    # 0 or less: llama-swap captures nothing, nor does llamaswap without capture = true.
 
 
 @_hook(schema.Config, "globalTTL")

@@ -1,11 +1,13 @@
-"""What llamaswap tells about itself: metrics, the activity log, token usage, logs and
-the event stream."""
+"""What llamaswap tells about itself: metrics, the activity log, token usage, captures,
+logs and the event stream."""
 
 from __future__ import annotations
 
 from .activity import ActivityLog as ActivityLog
 from .activity import ActivityQuery as ActivityQuery
 from .activity import ActivityRecord as ActivityRecord
+from .captures import Captures as Captures
+from .captures import CaptureTap as CaptureTap
 from .events import EventHub as EventHub
 from .feed import Dropped as Dropped
 from .feed import Feed as Feed
@@ -26,6 +28,8 @@ __all__ = [
     "ActivityRecord",
     "ActivityStore",
     "ActivityWriter",
+    "CaptureTap",
+    "Captures",
     "Dropped",
     "EventHub",
     "Feed",

@@ -30,6 +30,7 @@ __all__ = [
     "ActivityQuery",
     "ActivityRecord",
     "iso_time",
+    "parameters",
 ]
 
 #: Records ``GET /api/activity`` returns without ``limit``, and the most it returns.
@@ -48,9 +49,10 @@ class ActivityRecord:
     """What happened to one request.
 
     ``priority``/``band``/``score``/``queue_wait_ms`` describe its time with the scheduler
-    (``score`` is ``None`` unless ``serial`` picked it); token counts come from the
-    response's ``usage`` when it reports one, token speeds from llama.cpp's ``timings``;
-    ``metadata`` is whatever the handlers on the request's path added.
+    (``score`` is ``None`` unless ``serial`` picked it); ``ttft_ms`` runs from its arrival
+    to the first byte of the model server's answer; token counts come from the response's
+    ``usage`` when it reports one, token speeds and cached and draft tokens from llama.cpp's
+    ``timings``; ``metadata`` is whatever the handlers on the request's path added.
     """
 
     id: int
@@ -72,6 +74,11 @@ class ActivityRecord:
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     request: int | None = None  # the request's number (``RequestInfo.id``), if admitted
+    ttft_ms: float | None = None
+    cached_tokens: int | None = None
+    draft_tokens: int | None = None
+    draft_accepted_tokens: int | None = None
+    captured: bool = False  # its capture was taken (``GET /api/captures/{id}``)
 
     def to_json(self) -> dict[str, Any]:
         document = attrs.asdict(self, recurse=False)
@@ -116,14 +123,7 @@ class ActivityQuery:
             BadRequest: an unknown parameter, one given twice, or a bad value; ``param``
                 names it.
         """
-        values: dict[str, str] = {}
-        for name, given in args.items():
-            if name not in _PARAMETERS:
-                hint = suggestion(name, _PARAMETERS, noun="parameters")
-                raise BadRequest(f"unknown parameter {name!r}; {hint}", param=name)
-            if len(given) != 1:
-                raise BadRequest(f"{name} is given {len(given)} times; give it once", param=name)
-            values[name] = given[0]
+        values = parameters(args, _PARAMETERS)
         band = values.get("band")
         if band is not None and band not in BANDS:
             known = ", ".join(BANDS)
@@ -146,6 +146,24 @@ class ActivityQuery:
             and (self.since is None or record.time >= self.since)
             and (self.until is None or record.time < self.until)
         )
+
+
+def parameters(args: Mapping[str, Sequence[str]], known: Sequence[str]) -> dict[str, str]:
+    """URL parameters (each name → its values) as name → value, each of them ``known``
+    and given once.
+
+    Raises:
+        BadRequest: an unknown parameter, or one given twice; ``param`` names it.
+    """
+    values: dict[str, str] = {}
+    for name, given in args.items():
+        if name not in known:
+            hint = suggestion(name, known, noun="parameters")
+            raise BadRequest(f"unknown parameter {name!r}; {hint}", param=name)
+        if len(given) != 1:
+            raise BadRequest(f"{name} is given {len(given)} times; give it once", param=name)
+        values[name] = given[0]
+    return values
 
 
 def _parse_status(text: str | None) -> tuple[int, int] | None:

@@ -12,8 +12,13 @@ Whatever msgspec cannot read goes to ``json.loads``, which decides as it always 
 llama-server (llama.cpp) adds ``timings`` to a whole JSON answer, and to the last chunk of
 a stream::
 
-    "timings": {"prompt_n": 12, "prompt_ms": 35.2, "prompt_per_second": 340.9,
-                "predicted_n": 64, "predicted_ms": 1502.4, "predicted_per_second": 42.6, ...}
+    "timings": {"cache_n": 230, "prompt_n": 12, "prompt_ms": 35.2, "prompt_per_second": 340.9,
+                "predicted_n": 64, "predicted_ms": 1502.4, "predicted_per_second": 42.6,
+                "draft_n": 40, "draft_n_accepted": 31, ...}
+
+``cache_n`` counts the prompt tokens found in the slot's KV cache (not processed again);
+``draft_n`` and ``draft_n_accepted`` are there with speculative decoding (a draft model):
+the tokens it proposed and those the model accepted.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class Usage:
     prompt_tokens_per_second: float | None = None
     #: llama.cpp's ``timings.predicted_per_second``: how fast tokens were generated.
     generation_tokens_per_second: float | None = None
+    #: llama.cpp's ``timings.cache_n``: prompt tokens reused from the KV cache.
+    cached_tokens: int | None = None
+    #: llama.cpp's ``timings.draft_n``: tokens a draft model proposed.
+    draft_tokens: int | None = None
+    #: llama.cpp's ``timings.draft_n_accepted``: the proposed tokens the model accepted.
+    draft_accepted_tokens: int | None = None
 
 
 @final
@@ -63,20 +74,22 @@ class UsageTap:
     def usage(self) -> Usage:
         if self._sse:
             # The last event that has each: a stream may send usage and timings apart.
-            counts = speeds = None
+            usage = timings = None
             for line in reversed(self._buffer.split(b"\n")):
                 if not line.startswith(b"data:"):
                     continue
-                if counts is None and b'"usage"' in line:
-                    counts = _counts(_report(line[5:]).counted())
-                if speeds is None and b'"timings"' in line:
-                    speeds = _speeds(_report(line[5:]).timings)
-                if counts is not None and speeds is not None:
+                if (usage is None and b'"usage"' in line) or (
+                    timings is None and b'"timings"' in line
+                ):
+                    report = _report(line[5:])
+                    usage = usage if usage is not None else _table(report.counted())
+                    timings = timings if timings is not None else _table(report.timings)
+                if usage is not None and timings is not None:
                     break
-            return _usage(counts, speeds)
+            return _usage(usage, timings)
         if self._json and not self._overflow:
             report = _report(self._buffer)
-            return _usage(_counts(report.counted()), _speeds(report.timings))
+            return _usage(_table(report.counted()), _table(report.timings))
         return Usage()
 
 
@@ -114,30 +127,24 @@ def _report(data: bytes | bytearray) -> _Report:
     return _Report(document.get("usage"), document.get("timings"), document.get("response"))
 
 
-def _usage(
-    counts: tuple[int | None, int | None] | None, speeds: tuple[float | None, float | None] | None
-) -> Usage:
-    prompt, completion = counts or (None, None)
-    prompt_speed, generation_speed = speeds or (None, None)
-    return Usage(prompt, completion, prompt_speed, generation_speed)
+def _table(value: Any) -> dict[str, Any] | None:
+    """``value`` if it is a JSON object (JSON may say anything)."""
+    return value if isinstance(value, dict) else None
 
 
-def _counts(usage: Any) -> tuple[int | None, int | None] | None:
-    if not isinstance(usage, dict):
-        return None
+def _usage(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage:
+    usage = usage or {}
+    timings = timings or {}
     # OpenAI names them prompt/completion tokens; Anthropic input/output tokens.
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    return (
-        prompt if _is_count(prompt) else None,
-        completion if _is_count(completion) else None,
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+        completion_tokens=_count(usage.get("completion_tokens", usage.get("output_tokens"))),
+        prompt_tokens_per_second=_rate(timings.get("prompt_per_second")),
+        generation_tokens_per_second=_rate(timings.get("predicted_per_second")),
+        cached_tokens=_count(timings.get("cache_n")),
+        draft_tokens=_count(timings.get("draft_n")),
+        draft_accepted_tokens=_count(timings.get("draft_n_accepted")),
     )
-
-
-def _speeds(timings: Any) -> tuple[float | None, float | None] | None:
-    if not isinstance(timings, dict):
-        return None
-    return _rate(timings.get("prompt_per_second")), _rate(timings.get("predicted_per_second"))
 
 
 #: Token counts beyond this are nonsense, and would not survive the metrics, the activity
@@ -145,9 +152,11 @@ def _speeds(timings: Any) -> tuple[float | None, float | None] | None:
 _MAX_COUNT = 2**53
 
 
-def _is_count(value: object) -> bool:
+def _count(value: object) -> int | None:
     """A token count: an integer (not a boolean), 0 or more (JSON may say anything)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT:
+        return value
+    return None
 
 
 def _rate(value: object) -> float | None:

@@ -45,8 +45,8 @@ from llamaswap.http.errors import error_response
 from llamaswap.observability import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from llamaswap.observability import (
     ActivityLog,
-    ActivityQuery,
     ActivityStore,
+    Captures,
     EventHub,
     Logs,
     Metrics,
@@ -61,7 +61,7 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, gpu, live, routes, site, ui
+from . import cors, gpu, history, live, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
@@ -69,6 +69,7 @@ from .operations import (
     capability_fields,
     client_address,
     client_status,
+    json_response,
     model_status,
     register,
 )
@@ -277,10 +278,6 @@ def _relative_location(redirect: RequestRedirect) -> str:
     return f"{path}?{parts.query}" if parts.query else path
 
 
-def _json(document: Any) -> Response:
-    return Response(json.dumps(document), content_type="application/json")
-
-
 def create_app(
     router: Router,
     pool: UpstreamPool,
@@ -319,7 +316,7 @@ def create_app(
         reloader = Reloader(config_path, router, reloaded)
     if activity is None:
         activity = ActivityLog()
-    recorder = Recorder(activity, metrics)
+    recorder = Recorder(activity, metrics, Captures(lambda: router.config.capture_buffer))
     # One for the whole app: a flood of 429s costs one estimate per MAX_AGE.
     estimator = Estimator(router)
     quart = QuartTrio("llamaswap")
@@ -449,14 +446,14 @@ def create_app(
             for name in listed
             if names.pins.get(name) != ""
         ]
-        return _json({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     @quart.get("/v1/models/<path:name>")
     @quart.get("/models/<path:name>")
     async def model_info(name: str) -> Response:
         # Any name a request may use, listed or not (an alias, an unlisted model, a bare
         # peer model name), as OpenAI answers for any model the key may use.
-        return _json(entry(name, now=trio.current_time(), wall_now=time.time()))
+        return json_response(entry(name, now=trio.current_time(), wall_now=time.time()))
 
     @quart.get("/running")
     async def running() -> Response:
@@ -479,7 +476,7 @@ def create_app(
                     **memory_entry(router.resources, model_id),
                 }
             )
-        return _json({"running": entries})
+        return json_response({"running": entries})
 
     @quart.post("/api/models/load/<path:name>")
     async def load(name: str) -> Response:
@@ -506,18 +503,18 @@ def create_app(
             raise
         finally:
             recorder.finish(exchange)
-        return _json({"model": model_id, "state": router.model_state(model_id).value})
+        return json_response({"model": model_id, "state": router.model_state(model_id).value})
 
     @quart.post("/api/models/unload")
     @quart.get("/unload")  # llama-swap's
     async def unload_all() -> Response:
-        return _json({"unloaded": sorted(await router.unload())})
+        return json_response({"unloaded": sorted(await router.unload())})
 
     @quart.post("/api/models/unload/<path:name>")
     async def unload(name: str) -> Response:
         model_id = local(name)
         await router.unload([model_id])
-        return _json({"unloaded": [model_id]})
+        return json_response({"unloaded": [model_id]})
 
     @quart.post("/api/config/reload")
     async def reload_config() -> Response:
@@ -529,8 +526,8 @@ def create_app(
             message = f"the config has {count} problem(s); the running config stays"
             status, _, body = error_response(BadRequest(message))
             document = {**json.loads(body), **result.to_json()}
-            return Response(json.dumps(document), status=status, content_type="application/json")
-        return _json(result.to_json())
+            return json_response(document, status)
+        return json_response(result.to_json())
 
     @quart.get("/metrics")
     async def metrics_text() -> Response:
@@ -541,16 +538,8 @@ def create_app(
         text = model_server.exposition(time.time())
         return Response(text, content_type=METRICS_CONTENT_TYPE)
 
-    @quart.get("/api/activity")
-    async def activity_log() -> Response:
-        query = ActivityQuery.from_args(request.args.to_dict(flat=False))
-        if store is None:
-            records = recorder.activity.select(query)
-        else:
-            records = await store.select(query, recorder.activity)
-        return _json({"activity": [record.to_json() for record in records]})
-
     register(quart, router)
+    history.register(quart, recorder.activity, store, recorder.captures)
     gpu.register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)

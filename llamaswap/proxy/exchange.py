@@ -2,7 +2,8 @@
 
 Each handler on a request's path may add to ``Exchange.metadata`` (the model name it
 asked for, the alias it used, the peer it went to, the scheduler's own notes); all of it
-lands in the activity log with the request.
+lands in the activity log with the request, and its capture, if one was taken, in the
+captures under the record's ID.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from typing import Any, final
 import attrs
 import trio
 
-from llamaswap.observability import ActivityLog, ActivityRecord, Metrics, UsageTap
+from llamaswap.observability import (
+    ActivityLog,
+    ActivityRecord,
+    Captures,
+    CaptureTap,
+    Metrics,
+    Usage,
+    UsageTap,
+)
 from llamaswap.observability.activity import iso_time
 from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
@@ -36,7 +45,16 @@ class Exchange:
     finished: bool = False  # the response's last byte has been sent
     error: str | None = None
     tap: UsageTap | None = None
+    first_byte: float | None = None  # when the model server's answer began to arrive
+    capture: CaptureTap | None = None  # set when its model captures (``capture``)
     metadata: dict[str, Any] = attrs.field(factory=dict)
+
+    def answer(self, data: bytes) -> None:
+        """A piece of the model server's answer body passes on its way to the client."""
+        if self.first_byte is None and data:
+            self.first_byte = trio.current_time()
+        if self.tap is not None:
+            self.tap.feed(data)
 
 
 #: The most characters of one text an activity record keeps (its method, path, error and
@@ -53,11 +71,12 @@ CLIENT_LEFT = "client disconnected"
 
 @final
 class Recorder:
-    """Turns finished exchanges into activity records and metrics."""
+    """Turns finished exchanges into activity records, captures and metrics."""
 
-    def __init__(self, activity: ActivityLog, metrics: Metrics) -> None:
+    def __init__(self, activity: ActivityLog, metrics: Metrics, captures: Captures) -> None:
         self.activity = activity
         self.metrics = metrics
+        self.captures = captures
 
     def finish(self, exchange: Exchange) -> ActivityRecord:
         ticket = None if exchange.lease is None else exchange.lease.info()
@@ -65,7 +84,8 @@ class Recorder:
         duration = trio.current_time() - exchange.started
         priority = exchange.priority if ticket is None else ticket.effective_priority
         queue_wait = None if ticket is None else ticket.queue_wait
-        usage = exchange.tap.usage() if exchange.tap is not None else None
+        first_byte = exchange.first_byte
+        usage = exchange.tap.usage() if exchange.tap is not None else Usage()
         metadata = dict(exchange.metadata)
         if ticket is not None:
             metadata.update(ticket.metadata)
@@ -77,22 +97,27 @@ class Recorder:
             method=_kept(exchange.method),
             path=_kept(exchange.path),
             status=status,
-            duration_ms=round(duration * 1000, 3),
-            queue_wait_ms=None if queue_wait is None else round(queue_wait * 1000, 3),
+            duration_ms=_ms(duration),
+            queue_wait_ms=None if queue_wait is None else _ms(queue_wait),
             scheduler=None if exchange.lease is None else exchange.lease.scheduler,
             priority=priority,
             band=band_of(priority) if ticket is None else ticket.band,
             score=None if ticket is None else ticket.score,
-            prompt_tokens=None if usage is None else usage.prompt_tokens,
-            completion_tokens=None if usage is None else usage.completion_tokens,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
             error=None if exchange.error is None else _kept(exchange.error),
             metadata=metadata,
-            prompt_tokens_per_second=None if usage is None else usage.prompt_tokens_per_second,
-            generation_tokens_per_second=(
-                None if usage is None else usage.generation_tokens_per_second
-            ),
+            prompt_tokens_per_second=usage.prompt_tokens_per_second,
+            generation_tokens_per_second=usage.generation_tokens_per_second,
             request=None if ticket is None else ticket.id,
+            ttft_ms=None if first_byte is None else _ms(first_byte - exchange.started),
+            cached_tokens=usage.cached_tokens,
+            draft_tokens=usage.draft_tokens,
+            draft_accepted_tokens=usage.draft_accepted_tokens,
+            captured=exchange.capture is not None,
         )
+        if exchange.capture is not None:  # there before the record's event says so
+            self.captures.add(exchange.capture.finish(record.id))
         self.activity.add(record)
         metrics = self.metrics
         series = metrics.series
@@ -111,6 +136,11 @@ class Recorder:
             if count:
                 series(metrics.tokens, exchange.model, kind).inc(count)
         return record
+
+
+def _ms(seconds: float) -> float:
+    """``seconds`` as a record's milliseconds."""
+    return round(seconds * 1000, 3)
 
 
 def _kept(text: str) -> str:

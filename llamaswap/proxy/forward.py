@@ -60,7 +60,7 @@ from llamaswap.http.headers import (
     header_map,
     upstream_headers,
 )
-from llamaswap.observability import UsageTap
+from llamaswap.observability import CaptureTap, UsageTap
 from llamaswap.observability.estimates import Estimator
 from llamaswap.process import ModelState
 from llamaswap.router import Router
@@ -132,6 +132,8 @@ class _Reply:
         self.event_stream = any(
             k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
         )
+        if self._exchange.capture is not None:
+            self._exchange.capture.response_start(status, headers)
         start: HTTPResponseStartEvent = {
             "type": "http.response.start",
             "status": status,
@@ -142,6 +144,8 @@ class _Reply:
 
     async def body(self, chunk: bytes, *, more: bool = True) -> None:
         self._exchange.finished = not more
+        if self._exchange.capture is not None:
+            self._exchange.capture.response_body(chunk)
         event: HTTPResponseBodyEvent = {
             "type": "http.response.body",
             "body": chunk,
@@ -312,6 +316,7 @@ class Forwarder:
         if isinstance(target, Peer):
             exchange.model = f"{target.peer_id}/{target.model}"
             exchange.metadata["peer"] = target.peer_id
+            self._capture(exchange, scope, payload, body, wanted=self._config.capture)
             peer = target.config
             payload, query = _rewrite(route, payload, query, target.model, peer.filters, name)
             auth = _peer_auth(target)
@@ -321,6 +326,7 @@ class Forwarder:
         exchange.model = target.model_id
         check_autoload(self._router, target.model_id, headers, query, route, path)
         model = self._config.models[target.model_id]
+        self._capture(exchange, scope, payload, body, wanted=model.capture)
         translation = None  # set when /v1/messages goes to a chat-completions server
         messages = route.model_in is not None and path in _MESSAGES
         if messages and payload is not None and model.anthropic == "translate":
@@ -371,6 +377,32 @@ class Forwarder:
                     return
                 lease.pin()
             await self._forward(exchange, scope, upstream, body, reply)
+
+    def _capture(
+        self,
+        exchange: Exchange,
+        scope: HTTPScope,
+        payload: Payload | None,
+        body: RequestBody,
+        *,
+        wanted: bool,
+    ) -> None:
+        """Take the request's capture if its model's ``capture`` is on: its head and the
+        body the client sent now (or, streamed through, as it arrives); the answer as it
+        goes out (``_Reply``)."""
+        if not wanted:
+            return
+        exchange.capture = capture = CaptureTap(
+            scope["method"],
+            scope["path"],
+            scope["query_string"],
+            scope["headers"],
+            self._config.capture_max_bytes,
+        )
+        if payload is None:
+            body.tee = capture.request_body
+        else:
+            capture.request_body(payload.raw)
 
     def _preemptible(
         self, model_id: str, headers: dict[str, str], path: str, payload: Payload | None
@@ -544,7 +576,7 @@ class Forwarder:
                 if generation.pinned:
                     lease.pin()
                 if out:
-                    tap.feed(out)
+                    exchange.answer(out)
                     await reply.body(out)
         if generation.client_streams:
             if generation.usage is not None and not generation.client_usage:
@@ -553,7 +585,7 @@ class Forwarder:
             await reply.body(b"", more=False)
             return True
         document = json.dumps(generation.answer()).encode()
-        tap.feed(document)
+        exchange.answer(document)
         json_fields = [(k, v) for k, v in fields if k not in (b"content-type", b"content-length")]
         await reply.start(200, [*json_fields, (b"content-type", b"application/json")])
         await reply.body(document, more=False)
@@ -572,20 +604,17 @@ class Forwarder:
             event = _error_event(await response.read(), response.status, exchange.model)
             await reply.body(b"data: " + event + b"\n\n", more=False)
             return
-        tap = exchange.tap
         length = (
             "" if response.header(b"transfer-encoding") else response.header(b"content-length")
         )
         if length.isdigit() and int(length) <= SMALL_BODY:
             # A small answer goes out in one piece, together with the response's end.
             data = await response.read()
-            if tap is not None:
-                tap.feed(data)
+            exchange.answer(data)
             await reply.body(data, more=False)
             return
         async for data in response.chunks():
-            if tap is not None:
-                tap.feed(data)
+            exchange.answer(data)
             await reply.body(data)
         await reply.body(b"", more=False)
 
@@ -603,7 +632,7 @@ class Forwarder:
         if response.status != 200 or not (stream or content_type.startswith("application/json")):
             await self._relay(exchange, response, reply)
             return
-        exchange.tap = tap = UsageTap(content_type)
+        exchange.tap = UsageTap(content_type)
         headers = [
             (k, v)
             for k, v in downstream_headers(response, content_type, exchange.model)
@@ -612,7 +641,7 @@ class Forwarder:
         headers.append((b"content-type", content_type.encode("latin-1")))
         if not stream:
             data = await response.read()
-            tap.feed(data)
+            exchange.answer(data)
             try:
                 document = anthropic.message_response(json.loads(data), translation)
             except (ValueError, RecursionError) as exc:  # not JSON, too deep, not a chat answer
@@ -623,7 +652,7 @@ class Forwarder:
         events = anthropic.MessageStream(translation)
         await reply.start(200, headers)
         async for data in response.chunks():
-            tap.feed(data)
+            exchange.answer(data)
             if translated := events.feed(data):
                 await reply.body(translated)
         await reply.body(events.close(), more=False)

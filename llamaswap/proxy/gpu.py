@@ -8,7 +8,6 @@ devices are then only those declared (and ``cpu`` where a model names it).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from quart import Response
@@ -17,6 +16,8 @@ from quart_trio import QuartTrio
 from llamaswap.process import ModelState
 from llamaswap.resources import DeviceView, Resources
 from llamaswap.router import Router
+
+from .operations import json_response
 
 __all__ = ["memory_entry", "register", "resources_document"]
 
@@ -85,5 +86,4 @@ def register(quart: QuartTrio, router: Router) -> None:
 
     @quart.get("/api/resources")
     async def resources() -> Response:
-        document = resources_document(router)
-        return Response(json.dumps(document), content_type="application/json")
+        return json_response(resources_document(router))

@@ -30,7 +30,7 @@ from quart_trio import QuartTrio
 
 from llamaswap._version import versions
 from llamaswap.config import Capabilities
-from llamaswap.errors import BadRequest, RequestCancelled
+from llamaswap.errors import BadRequest, NotFound, RequestCancelled
 from llamaswap.observability.estimates import estimates
 from llamaswap.process import ModelStatistics
 from llamaswap.router import Router
@@ -46,6 +46,7 @@ __all__ = [
     "client_status",
     "inflight_entry",
     "iso_time",
+    "json_response",
     "model_status",
     "register",
     "to_wall_clock",
@@ -183,7 +184,8 @@ def capability_fields(capabilities: Capabilities) -> dict[str, Any]:
     return fields
 
 
-def _json(document: Any, status: int = 200) -> Response:
+def json_response(document: Any, status: int = 200) -> Response:
+    """``document`` as a JSON answer."""
     return Response(json.dumps(document), status=status, content_type="application/json")
 
 
@@ -212,28 +214,26 @@ def register(quart: QuartTrio, router: Router) -> None:
             for info in router.requests()
             if info.state in _LIVE_NAMES
         ]
-        return _json({"inflight": entries})
+        return json_response({"inflight": entries})
 
     @quart.post("/api/inflight/<int:request_id>/cancel")
     async def cancel(request_id: int) -> Response:
         lease = router.lease_by_id(request_id)
         info = None if lease is None or lease.state not in _LIVE else lease.info()
         if lease is None or info is None:
-            message = f"no request {request_id} in flight; GET /api/inflight lists them"
-            error = {"message": message, "type": "invalid_request_error", "code": "not_found"}
-            return _json({"error": {**error, "param": None}}, status=404)
+            raise NotFound(f"no request {request_id} in flight; GET /api/inflight lists them")
         # Synchronous: the request's own task unwinds (leaves the queue, drops its load,
         # closes its upstream connection) and answers its client with the error.
         lease.cancel(RequestCancelled(request_id))
-        return _json({"cancelled": request_id, "state": info.state})
+        return json_response({"cancelled": request_id, "state": info.state})
 
     @quart.get("/api/version")
     async def version() -> Response:
-        return _json({**versions(), "pid": os.getpid()})  # for `kill -HUP`
+        return json_response({**versions(), "pid": os.getpid()})  # for `kill -HUP`
 
     @quart.get("/api/profiles")
     async def profiles() -> Response:
-        return _json(profiles_document(router))
+        return json_response(profiles_document(router))
 
     @quart.put("/api/profiles/active")
     async def activate_profile() -> Response:
@@ -245,7 +245,7 @@ def register(quart: QuartTrio, router: Router) -> None:
             message = 'expected {"profile": NAME} or {"profile": null}'
             raise BadRequest(message, param="profile")
         router.set_profile(profile)
-        return _json(profiles_document(router))
+        return json_response(profiles_document(router))
 
 
 def profiles_document(router: Router) -> dict[str, Any]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from llamaswap.observability.activity_stats import percentile
 from llamaswap.resources import format_size
 from llamaswap.schedulers import band_of
 
@@ -18,14 +18,6 @@ __all__ = ["PLOT_FORMATS", "Figures", "figures", "plot", "plot_problem", "table"
 #: What ``--plot PATH`` may end in: formats matplotlib writes with nothing more installed.
 PLOT_FORMATS = (".png", ".svg", ".pdf")
 _NO_MATPLOTLIB = "--plot needs matplotlib: pip install 'llamaswap[plot]'"
-
-
-def percentile(values: Sequence[float], fraction: float) -> float | None:
-    """The nearest-rank percentile of ``values`` (``fraction`` in 0..1); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 @attrs.frozen

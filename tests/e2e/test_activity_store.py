@@ -1,7 +1,7 @@
 """The activity log in a SQLite file, through the real proxy: it survives a restart.
 
 Requests go through one proxy, which is stopped with SIGTERM; a second proxy on the same
-config lists them, with the token speeds the fake model server reported.
+config lists them, with the token speeds and cached tokens the fake model server reported.
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ async def test_activity_survives_a_restart_with_token_speeds(
         (streamed["prompt_per_second"], streamed["predicted_per_second"]),
         (sent["prompt_per_second"], sent["predicted_per_second"]),
     ]
+    # The prompt tokens the server found in its cache (none: each prompt is new to it).
+    cached = [r["cached_tokens"] for r in before]
+    assert cached == [None, None, streamed["cache_n"], sent["cache_n"]] == [None, None, 0, 0]
+    # The answer's first byte: of a stream (4 tokens at 200 per second), before its end.
+    assert 0 < before[2]["ttft_ms"] < before[2]["duration_ms"]
+    assert before[1]["ttft_ms"] is None  # llamaswap's own 404: no model server answered
     # 8 tokens at 200 per second take at least 40 ms: at most 200 tokens/s, and more than 0.
     assert 0 < sent["predicted_per_second"] <= 200.0
     assert before[2]["completion_tokens"] == 4  # the streamed usage chunk

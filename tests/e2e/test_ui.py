@@ -662,6 +662,82 @@ async def test_the_activity_table_sorts_filters_moves_columns_and_updates_live(
 
 
 @needs_browser
+async def test_statistics_per_model_and_a_capture_opened_from_its_row(
+    proxy_factory: StartProxy, tmp_path: Path
+) -> None:
+    """alpha captures, beta does not. The statistics above the table count each model's
+    requests, live; a captured row's button opens what it sent and was answered. The
+    picture goes to ``$LLAMASWAP_UI_SCREENSHOTS`` (``capture.png``) when set."""
+    target = Path(os.environ.get("LLAMASWAP_UI_SCREENSHOTS", tmp_path))
+    proxy = await proxy_factory(
+        config(
+            """
+[models.alpha]
+cmd = "${fake} --tokens-per-second 200"
+capture = true
+[models.beta]
+cmd = "${fake}"
+"""
+        )
+    )
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            for tokens in (4, 8):
+                answer = await client.post(
+                    "/v1/chat/completions", json=chat("alpha", max_tokens=tokens)
+                )
+                assert answer.status_code == 200
+            answer = await client.post("/v1/chat/completions", json=chat("beta"))
+            assert answer.status_code == 200
+            missing = await client.post("/v1/chat/completions", json=chat("nope"))
+            assert missing.status_code == 404
+
+        async def one_more() -> None:
+            body = chat("alpha", max_tokens=6, messages=[{"role": "user", "content": "hi"}])
+            answer = await client.post("/v1/chat/completions?trace=1", json=body)
+            assert answer.status_code == 200
+
+        def body(tab: Tab) -> None:
+            tab.open()
+            page = tab.page
+            stats = page.locator("#stats-table tbody tr")
+            expect(stats.locator("th")).to_have_text(["alpha", "beta"], timeout=WAIT)
+            requests = stats.locator("td:nth-of-type(1)")
+            expect(requests).to_have_text(["2", "1"])
+            expect(page.locator("#stats-note")).to_have_text(
+                "4 requests; percentiles of those served"
+            )
+            # Live: one more for alpha is counted without a reload.
+            blocking(one_more)
+            expect(requests).to_have_text(["3", "1"], timeout=WAIT)
+            page.get_by_label("over the last").select_option("5m")
+            expect(requests).to_have_text(["3", "1"], timeout=WAIT)
+            # Only alpha's rows have a capture; the newest is the one just sent.
+            rows = page.locator("#activity tbody tr")
+            expect(rows).to_have_count(5, timeout=WAIT)
+            expect(tab.column("capture")).to_have_text(["View", "—", "—", "View", "View"])
+            expect(tab.column("ttft").first).not_to_have_text("—")
+            newest = tab.column("id").first.inner_text()
+            tab.column("capture").first.get_by_role("button").click()
+            dialog = page.get_by_role("dialog", name=f"Capture of record {newest}")
+            expect(dialog).to_be_visible(timeout=WAIT)
+            request, response = dialog.locator(".capture-part").all()
+            expect(request.locator(".capture-line")).to_have_text(
+                "POST /v1/chat/completions?trace=1", timeout=WAIT
+            )
+            expect(request.locator(".capture-body")).to_contain_text('"content": "hi"')
+            expect(response.locator(".capture-line")).to_have_text("200")
+            expect(response.locator(".capture-body")).to_contain_text('"completion_tokens": 6')
+            expect(response.locator(".capture-headers")).to_contain_text("x-llamaswap-upstream")
+            dialog.screenshot(path=target / "capture.png", animations="disabled")
+            dialog.get_by_role("button", name="Close").click()
+            expect(dialog).to_be_hidden(timeout=WAIT)
+            assert tab.errors == []
+
+        await in_browser(proxy.url, body)
+
+
+@needs_browser
 async def test_logs_stream_live_with_a_model_picker_and_search(
     proxy_factory: StartProxy,
 ) -> None:
@@ -1471,6 +1547,7 @@ cmd = "${fake} --load-seconds 1 --tokens-per-second 10 --memory 14GiB"
 name = "Chat (fake)"
 ttl = 300
 memory = "14GiB"
+capture = true
 [models.coder]
 cmd = "${fake} --load-seconds 2 --tokens-per-second 20 --memory 12GiB"
 name = "Coder (fake)"

@@ -28,7 +28,7 @@ from llamaswap.config.model import (
     SerialSettings,
 )
 from llamaswap.errors import BadRequest, ModelUnloaded, RequestError
-from llamaswap.observability import ActivityLog, Metrics
+from llamaswap.observability import ActivityLog, Captures, Metrics
 from llamaswap.process import ModelState
 from llamaswap.proxy.exchange import Exchange, Recorder
 from llamaswap.reloader import READ_TIMEOUT, SETTLE_DELAY, Reloader, ReloadResult
@@ -548,7 +548,9 @@ def recording(router: Router) -> tuple[Metrics, Recorder]:
     """Metrics and a recorder for ``router``'s requests, listening as ``create_app``'s do."""
     metrics = Metrics(router)
     router.observe(metrics.on_event)
-    return metrics, Recorder(ActivityLog(), metrics)
+    return metrics, Recorder(
+        ActivityLog(), metrics, Captures(lambda: router.config.capture_buffer)
+    )
 
 
 def chat_exchange(router: Router, name: str) -> tuple[Exchange, Lease]:

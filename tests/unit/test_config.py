@@ -328,7 +328,7 @@ def test_unknown_key_with_a_close_match_suggests_it_before_the_known_keys() -> N
     assert found == {
         "models.m.tll": (
             "unknown key 'tll'; did you mean 'ttl'? this table's keys are 'aliases', "
-            "'anthropic', 'capabilities', 'checkEndpoint', 'cmd', 'cmdStop', "
+            "'anthropic', 'capabilities', 'capture', 'checkEndpoint', 'cmd', 'cmdStop', "
             "'concurrencyLimit', 'description', 'env', 'files', 'filters', 'memory', "
             "'metadata', 'name', "
             "'preemptible', 'proxy', 'sendLoadingState', 'slotSavePath', 'slots', 'timeouts', "

@@ -234,6 +234,11 @@ def test_legacy_top_level_groups_move_under_routing() -> None:
         ("logTimeFormat: RFC3339", "logTimeFormat", "rfc3339", ("logTimeFormat", False)),
         ("logTimeFormat: iso", "logTimeFormat", "", ("logTimeFormat", False)),
         ("globalTTL: 5184000", "globalTTL", 0, ("globalTTL", False)),
+        # llama-swap's megabytes; 0 or less turns its captures off, as llamaswap's are
+        ("captureBuffer: 15", "captureBuffer", "15MiB", ("captureBuffer", False)),
+        ("captureBuffer: 0", "captureBuffer", None, None),
+        ("captureBuffer: -1", "captureBuffer", None, None),
+        ("captureBuffer: lots", "captureBuffer", None, ("captureBuffer", True)),
     ],
 )
 def test_top_level_values(

@@ -1,4 +1,5 @@
-"""Token speeds: llama.cpp's ``timings`` read by the UsageTap, and written by the fake server."""
+"""Token speeds, cached and draft tokens: llama.cpp's ``timings`` read by the UsageTap, and
+written by the fake server."""
 
 from __future__ import annotations
 
@@ -69,6 +70,16 @@ def test_counts_that_are_not_plausible_token_counts_are_none(bad: object) -> Non
     # A negative count would make the metrics raise, a huge one overflow the store.
     usage = {"prompt_tokens": bad, "completion_tokens": 4}
     assert tapped("application/json", json.dumps({"usage": usage}).encode()) == Usage(None, 4)
+
+
+def test_cached_and_draft_tokens_from_the_timings() -> None:
+    # llama-server with a draft model (speculative decoding), part of the prompt cached.
+    timings = {**TIMINGS, "cache_n": 230, "draft_n": 40, "draft_n_accepted": 31}
+    usage = tapped("text/event-stream", event({"timings": timings}), b"data: [DONE]\n\n")
+    assert usage == Usage(None, None, 750.0, 40.0, 230, 40, 31)
+    # Not plausible token counts: not counted.
+    implausible = {"cache_n": -1, "draft_n": 1.5, "draft_n_accepted": "31"}
+    assert tapped("application/json", json.dumps({"timings": implausible}).encode()) == Usage()
 
 
 def test_no_timings_no_speeds() -> None:
@@ -147,4 +158,4 @@ def test_the_fake_servers_timings_ride_on_the_last_chunk() -> None:
     assert usage["timings"] == timings
     # What the proxy's tap makes of it.
     tail = completion(stream=True, include_usage=True).tail(timings)
-    assert tapped("text/event-stream", tail) == Usage(3, 4, 3000.0, 40.0)
+    assert tapped("text/event-stream", tail) == Usage(3, 4, 3000.0, 40.0, cached_tokens=0)

@@ -1,12 +1,13 @@
 // Activity: finished requests, newest first, live. Columns sort (click) and move (drag,
 // or Shift+←/→ on a heading); filters by model, band and status. Order and sort are
-// remembered in localStorage.
+// remembered in localStorage. A captured request's row opens its capture (capture.js).
 //
 // Records come from GET /api/activity (when the stream connects and when a filter
 // changes) and from "activity" events. Filters are applied here as well as sent to the
 // server, so a live record that does not match stays out.
 
 import * as api from "./api.js";
+import { showCapture } from "./capture.js";
 import { $, batched, h, setText, syncList } from "./dom.js";
 import * as fmt from "./format.js";
 
@@ -30,12 +31,16 @@ const COLUMNS = [
   { id: "model", label: "Model", value: (r) => r.model || null, clip: true },
   { id: "route", label: "Route", value: (r) => `${r.method} ${r.path}`, clip: true },
   { id: "status", label: "Status", num: true, value: (r) => r.status, bad: (r) => r.status >= 400 },
+  // What it sent and was answered, when its model captures: a button opens it.
+  { id: "capture", label: "Capture", value: (r) => (r.captured ? 1 : null), capture: true },
   { id: "priority", label: "Priority", num: true, value: (r) => r.priority, text: (r) => fmt.priority(r.priority) },
   { id: "band", label: "Band", value: (r) => bandRank(r.band), text: (r) => fmt.bandLabel(r.band), band: true },
   { id: "score", label: "Score", num: true, value: (r) => r.score, text: (r) => fmt.score(r.score) },
   { id: "queue_wait", label: "Queue wait", num: true, value: (r) => r.queue_wait_ms, text: (r) => fmt.duration(r.queue_wait_ms) },
+  { id: "ttft", label: "TTFT", num: true, value: (r) => r.ttft_ms ?? null, text: (r) => fmt.duration(r.ttft_ms) },
   { id: "duration", label: "Duration", num: true, value: (r) => r.duration_ms, text: (r) => fmt.duration(r.duration_ms) },
   { id: "prompt_tokens", label: "Prompt tok", num: true, value: (r) => r.prompt_tokens },
+  { id: "cached_tokens", label: "Cached tok", num: true, value: (r) => r.cached_tokens ?? null },
   { id: "completion_tokens", label: "Output tok", num: true, value: (r) => r.completion_tokens },
   {
     id: "prompt_tps",
@@ -50,6 +55,14 @@ const COLUMNS = [
     num: true,
     value: (r) => r.generation_tokens_per_second ?? null,
     text: (r) => tps(r.generation_tokens_per_second),
+  },
+  {
+    // Speculative decoding: the draft model's tokens the model accepted, of those proposed.
+    id: "draft",
+    label: "Draft acc.",
+    num: true,
+    value: (r) => (r.draft_tokens ? r.draft_accepted_tokens / r.draft_tokens : null),
+    text: (r) => (r.draft_tokens ? `${r.draft_accepted_tokens}/${r.draft_tokens}` : null),
   },
   { id: "error", label: "Error", value: (r) => r.error, fold: true },
   { id: "metadata", label: "Metadata", value: (r) => JSON.stringify(r.metadata ?? {}), meta: true },
@@ -210,6 +223,11 @@ export function mountActivity(store) {
           entries.map(([key, value]) => h("code", {}, `${key}=${typeof value === "string" ? value : JSON.stringify(value)}`)),
         ),
       );
+      return td;
+    }
+    if (column.capture && record.captured) {
+      const label = `View the capture of record ${record.id}`;
+      td.append(h("button", { type: "button", "aria-label": label, title: label, onclick: () => showCapture(record) }, "View"));
       return td;
     }
     const value = column.text ? column.text(record) : column.value(record);

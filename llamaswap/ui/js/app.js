@@ -11,6 +11,7 @@ import { mountPlayground } from "./playground.js";
 import { mountProfiles } from "./profiles.js";
 import { mountQueue } from "./queue.js";
 import { followResources } from "./resources.js";
+import { mountStats } from "./stats.js";
 import { Store } from "./store.js";
 
 const store = new Store();
@@ -269,12 +270,14 @@ mountModels(store);
 mountMemory(store);
 mountQueue(store);
 const activity = mountActivity(store);
+const stats = mountStats(store);
 const logs = mountLogs(store);
 mountPlayground(store);
 mountProfiles(store);
 setUpTabs((name) => {
   logs.show(name === "logs");
   activity.show(name === "activity");
+  stats.show(name === "activity");
 });
 renderConnection();
 follow();
