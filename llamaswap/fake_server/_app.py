@@ -18,6 +18,7 @@ import trio
 from hypercorn.typing import (
     ASGIReceiveCallable,
     ASGISendCallable,
+    ASGISendEvent,
     HTTPResponseStartEvent,
     Scope,
     WebsocketScope,
@@ -70,6 +71,33 @@ class Options:
     #: ``--kv-cache-usage``: the KV figure ``GET /metrics`` exports (as llama-server's
     #: ``--metrics``); None: no ``/metrics`` route.
     kv_cache_usage: float | None = None
+    #: ``--cors-origins``: the pages whose ``Origin`` it names back, as llama-server does
+    #: for every page (with ``Access-Control-Allow-Credentials``); ``("*",)``: any; empty:
+    #: none, as a server that speaks no CORS.
+    cors_origins: tuple[str, ...] = ("*",)
+
+
+#: llama-server's answer to a preflight from a page it allows.
+_PREFLIGHT = [
+    (b"access-control-allow-methods", b"GET, POST"),
+    (b"access-control-allow-headers", b"*"),
+    (b"content-length", b"0"),
+]
+
+
+def _with_cors(send: ASGISendCallable, origin: bytes) -> ASGISendCallable:
+    """``send``, naming ``origin`` in every answer as llama-server does."""
+
+    async def send_with_cors(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            cors = [
+                (b"access-control-allow-origin", origin),
+                (b"access-control-allow-credentials", b"true"),
+            ]
+            message = {**message, "headers": [*message["headers"], *cors]}
+        await send(message)
+
+    return send_with_cors
 
 
 def say(line: str) -> None:
@@ -141,6 +169,20 @@ class FakeServer:
             await self._echo(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
+        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        allowed = self.options.cors_origins
+        if origin is not None and ("*" in allowed or origin.decode("latin-1") in allowed):
+            send = _with_cors(send, origin)
+            if method == "OPTIONS":  # a preflight, answered as llama-server answers it
+                start: HTTPResponseStartEvent = {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": _PREFLIGHT,
+                    "trailers": False,
+                }
+                await send(start)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
         if path != "/health":  # as llama-server: readiness polls would crowd the log
             say(f"request {method} {path} at {time.time():.6f}")
         # HEAD as GET, as llama-server answers it (hypercorn leaves the body out).

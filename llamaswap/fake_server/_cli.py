@@ -213,6 +213,11 @@ def parse_args(argv: list[str] | None = None) -> Options:
     add("--kv-cache-usage", type=_fraction, metavar="F",
         help="serve GET /metrics with llamacpp:kv_cache_usage_ratio F (0-1), as llama-server "
         "--metrics does; without it there is no /metrics")
+    add("--cors-origins", type=_origins, default=("*",), metavar="LIST",
+        help="comma-separated origins whose pages it names back in Access-Control-Allow-Origin "
+        "(with Access-Control-Allow-Credentials: true) and whose preflights it answers, as "
+        "llama-server does for any page; '' = none, as a server without CORS "
+        "(default: *, any)")
     add("--cuda", action="store_true",
         help="allocate --memory for real on the GPUs (gpuN is cuda:N) with PyTorch, held "
         "until exit; PyTorch's out-of-memory error is printed and the server exits 1")
@@ -225,6 +230,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if args.gpu_dir is None:
         args.gpu_dir = os.environ.get(FAKE_GPU_ENV) or None
     return Options(**{name: getattr(args, name) for name in attrs.fields_dict(Options)})
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    return tuple(origin.strip() for origin in text.split(",") if origin.strip())
 
 
 def main(argv: list[str] | None = None) -> None:

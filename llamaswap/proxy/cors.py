@@ -2,10 +2,17 @@
 
 A browser asks first (a *preflight*: ``OPTIONS`` with ``Access-Control-Request-Method``)
 before a cross-origin request with an API key or a JSON body. llamaswap answers every
-preflight itself, without asking for the API key (browsers never send one with it), and
-adds ``Access-Control-Allow-Origin`` to the answers of requests that carry an ``Origin``,
-in place of whatever a model server said. With ``corsOrigins = []`` llamaswap does
+preflight itself, without asking for the API key (browsers never send one with it): a
+preflight carries no body, so the model a chat request names is not known yet, and
+answering must not load or queue anything. With ``corsOrigins = []`` llamaswap does
 neither: preflights are routed like any request, and answers pass unchanged.
+
+**llamaswap never widens what a model server allows.** A model server's answer (it
+carries ``X-LlamaSwap-Upstream``) keeps its own ``Access-Control-Allow-Origin``, narrowed
+by ``corsOrigins`` (taken out when the page is not allowed, its ``*`` made the page's
+origin when ``corsOrigins`` lists origins); one that sent none gets none, as with
+llama-swap. llamaswap's own answers (the model list, its errors, the management API) name
+the page when ``corsOrigins`` allows it.
 
 Which origins a route's answers name is ``site.cors_origins``'s decision (``"*"`` counts
 on the inference routes only); which requests are served at all, ``site.refusal``'s.
@@ -18,7 +25,16 @@ from collections.abc import Sequence
 
 from hypercorn.typing import ASGISendCallable, ASGISendEvent, HTTPScope
 
-__all__ = ["MAX_AGE", "allow_origin", "answer_preflight", "is_preflight", "with_origin"]
+from llamaswap.http.headers import UPSTREAM_HEADER
+
+__all__ = [
+    "MAX_AGE",
+    "allow_origin",
+    "answer_preflight",
+    "is_preflight",
+    "narrowed",
+    "with_origin",
+]
 
 #: Seconds a browser may remember a preflight's answer.
 MAX_AGE = 86_400
@@ -78,10 +94,10 @@ async def answer_preflight(
 def with_origin(
     origins: Sequence[str], scope: HTTPScope, send: ASGISendCallable
 ) -> ASGISendCallable:
-    """``send``, adding ``Access-Control-Allow-Origin`` to the response (replacing a model
-    server's) when the request came from a page (it has ``Origin``). With a list of
-    origins, every answer depends on ``Origin`` and says so (``Vary: Origin``), so that a
-    shared cache never gives one page's answer to another, or to a request without one."""
+    """``send``, applying ``origins`` to the answer's CORS fields when the request came
+    from a page (it has ``Origin``): see ``narrowed``. With a list of origins, every answer
+    depends on ``Origin`` and says so (``Vary: Origin``), so that a shared cache never
+    gives one page's answer to another, or to a request without one."""
     origin = _header(scope, b"origin")
     vary = bool(origins) and "*" not in origins
     if not origins or (origin is None and not vary):
@@ -92,14 +108,35 @@ def with_origin(
         if message["type"] == "http.response.start":
             headers = list(message["headers"])
             if origin is not None:
-                headers = [
-                    (k, v) for k, v in headers if k.lower() != b"access-control-allow-origin"
-                ]
-                if allowed is not None:
-                    headers.append((b"access-control-allow-origin", allowed))
+                headers = narrowed(headers, allowed)
             if vary:
                 headers.append((b"vary", b"Origin"))
             message = {**message, "headers": headers}
         await send(message)
 
     return send_with_origin
+
+
+_ALLOW_ORIGIN = b"access-control-allow-origin"
+_ALLOW_CREDENTIALS = b"access-control-allow-credentials"
+
+
+def narrowed(
+    headers: list[tuple[bytes, bytes]], allowed: bytes | None
+) -> list[tuple[bytes, bytes]]:
+    """An answer's fields with ``Access-Control-Allow-Origin`` saying no more than
+    ``allowed`` (what ``corsOrigins`` grants the page; None: nothing). llamaswap's own
+    answer names ``allowed``. A model server's keeps what it said when that is within
+    ``allowed``: its ``*`` becomes ``allowed`` (without its credentials flag, which ``*``
+    never carried), and it names nothing where it named nothing or ``allowed`` is None."""
+    theirs = None
+    if any(name == UPSTREAM_HEADER for name, _ in headers):
+        theirs = next((v for k, v in headers if k.lower() == _ALLOW_ORIGIN), None)
+        if theirs is None:
+            return headers
+        if allowed is not None and (theirs.strip() != b"*" or allowed == b"*"):
+            return headers
+    kept = [(k, v) for k, v in headers if k.lower() != _ALLOW_ORIGIN]
+    if theirs is not None:  # a model server's, taken out or made the page's: no credentials
+        kept = [(k, v) for k, v in kept if k.lower() != _ALLOW_CREDENTIALS]
+    return kept if allowed is None else [*kept, (_ALLOW_ORIGIN, allowed)]

@@ -138,7 +138,10 @@ async def test_cors_preflight_needs_no_key_and_answers_carry_the_origin(
                 "/v1/chat/completions", json=chat("alpha"), headers=headers
             )
             assert response.status_code == 200
-            assert response.headers.get_list("access-control-allow-origin") == ["*"]
+            # The model server's own (the fake names the page, as llama-server does).
+            assert response.headers.get_list("access-control-allow-origin") == [
+                "http://localhost:3000"
+            ]
             response = await client.get("/v1/models", headers={"Origin": "http://x"})
             assert response.status_code == 401  # the key is still needed for the request
             assert response.headers["access-control-allow-origin"] == "*"

@@ -295,7 +295,9 @@ async def test_a_page_of_another_site_cannot_change_state_with_default_settings(
         chat_ui = [("Origin", EVIL), ("Content-Type", "application/json")]
         answer = await ask(proxy.url, "POST", "/v1/chat/completions", chat_ui, body)
         assert answer.status == 200, answer
-        assert answer.header("access-control-allow-origin") == "*"
+        # The model server's own CORS answer (the fake server names any page, as
+        # llama-server does), within the default "*".
+        assert answer.header("access-control-allow-origin") == EVIL
         answer = await ask(proxy.url, "GET", "/unload", [("Sec-Fetch-Site", "none")])  # typed
         assert answer.status == 200, answer
 
@@ -388,6 +390,39 @@ async def test_listed_origins_may_use_everything_and_others_change_nothing(
 
 
 # ---------------------------------------------------------------- redirects, key fields
+
+
+async def test_a_model_servers_cors_answer_is_never_widened(proxy_factory: StartProxy) -> None:
+    """With the default ``corsOrigins = ["*"]``, a model server that names only some pages
+    (``alpha``) or speaks no CORS (``beta``) is not widened: a page it does not name gets
+    no ``Access-Control-Allow-Origin`` through llamaswap, so its browser keeps the answer
+    from it. llamaswap's own answers (the model list) still name any page."""
+    page = "http://localhost:3000"
+    proxy = await proxy_factory(
+        config(
+            '[models.alpha]\ncmd = "${fake} --cors-origins http://localhost:3000"\n'
+            "[models.beta]\ncmd = \"${fake} --cors-origins ''\"\n"
+        )
+    )
+    body = json.dumps(chat("alpha")).encode()
+    as_json = ("Content-Type", "application/json")
+    for path in ["/v1/chat/completions", "/upstream/alpha/v1/chat/completions"]:
+        answer = await ask(proxy.url, "POST", path, [("Origin", page), as_json], body)
+        assert answer.status == 200, answer
+        assert answer.header("access-control-allow-origin") == page
+        assert answer.header("access-control-allow-credentials") == "true"
+        answer = await ask(proxy.url, "POST", path, [("Origin", EVIL), as_json], body)
+        assert answer.status == 200, answer  # the request ran: corsOrigins allows it
+        assert answer.header("access-control-allow-origin") is None, answer
+        assert answer.header("access-control-allow-credentials") is None
+    beta = json.dumps(chat("beta")).encode()
+    answer = await ask(
+        proxy.url, "POST", "/v1/chat/completions", [("Origin", page), as_json], beta
+    )
+    assert answer.status == 200, answer
+    assert answer.header("access-control-allow-origin") is None  # none added
+    answer = await ask(proxy.url, "GET", "/v1/models", [("Origin", EVIL)])
+    assert answer.header("access-control-allow-origin") == "*"  # llamaswap's own answer
 
 
 async def test_a_merged_slash_redirect_is_relative(proxy_factory: StartProxy) -> None:

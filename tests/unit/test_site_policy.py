@@ -197,3 +197,51 @@ def test_allowed_hosts_entries_are_host_names() -> None:
     )
     assert config.allowed_hosts == ("gpu-box.lan",)
     assert Config().allowed_hosts == ()
+
+
+# ---------------------------------------------------------------- never widened
+
+UPSTREAM = (b"x-llamaswap-upstream", b"alpha")
+PAGE = b"http://app.local"
+
+
+def allow_origin_of(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [v for k, v in headers if k == b"access-control-allow-origin"]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "allowed", "expected"),
+    [
+        (None, b"*", []),  # a model server without CORS: nothing added
+        (None, PAGE, []),
+        (PAGE, b"*", [PAGE]),  # its own answer stands
+        (PAGE, PAGE, [PAGE]),
+        (b"http://other", b"*", [b"http://other"]),  # the browser refuses: as it said
+        (b"*", b"*", [b"*"]),
+        (b"*", PAGE, [PAGE]),  # narrowed to the page corsOrigins names
+        (PAGE, None, []),  # corsOrigins refuses the page: taken out
+        (b"*", None, []),
+    ],
+)
+def test_a_model_servers_cors_answer_is_never_widened(
+    theirs: bytes | None, allowed: bytes | None, expected: list[bytes]
+) -> None:
+    headers = [(b"content-type", b"application/json"), UPSTREAM]
+    if theirs is not None:
+        headers += [(b"access-control-allow-origin", theirs)]
+        headers += [(b"access-control-allow-credentials", b"true")]
+    result = cors.narrowed(headers, allowed)
+    assert allow_origin_of(result) == expected
+    kept = theirs is not None and expected == [theirs]
+    credentials = (b"access-control-allow-credentials", b"true") in result
+    assert credentials == kept  # taken out with a changed or removed origin
+    assert UPSTREAM in result
+    assert (b"content-type", b"application/json") in result
+
+
+@pytest.mark.parametrize("allowed", [b"*", PAGE, None])
+def test_llamaswaps_own_answers_name_what_cors_origins_allows(allowed: bytes | None) -> None:
+    # An answer without X-LlamaSwap-Upstream is llamaswap's: a stray field is replaced.
+    headers = [(b"content-type", b"application/json"), (b"access-control-allow-origin", b"*")]
+    result = cors.narrowed(headers, allowed)
+    assert allow_origin_of(result) == ([] if allowed is None else [allowed])
