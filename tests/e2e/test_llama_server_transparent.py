@@ -44,7 +44,15 @@ VOLATILE = frozenset(
     {"id", "created", "timings", "system_fingerprint", "prompt_tokens_details", "tokens_cached"}
 )
 #: Response fields compared (the rest may differ: Date, llamaswap's X-LlamaSwap-Upstream).
-FIELDS = ("content-type", "server")
+#: The CORS ones are llama-server's own: llamaswap never widens or replaces them.
+FIELDS = (
+    "content-type",
+    "server",
+    "access-control-allow-origin",
+    "access-control-allow-credentials",
+)
+#: Every request comes from a page, as a chat UI's would.
+PAGE = {"Origin": "http://localhost:3000"}
 
 
 def stable(value: Any) -> Any:
@@ -92,6 +100,7 @@ async def test_the_same_requests_get_the_same_answers_directly_and_through_llama
         async with httpx.AsyncClient(base_url=address, timeout=60) as direct:
             for method, path, body in REQUESTS:
                 with trio.fail_after(60):
-                    expected = summary(await direct.request(method, path, json=body))
-                    got = summary(await through.request(method, path, json=body))
+                    asked = {"json": body, "headers": PAGE}
+                    expected = summary(await direct.request(method, path, **asked))
+                    got = summary(await through.request(method, path, **asked))
                 assert got == expected, (method, path)
