@@ -123,12 +123,13 @@ def node_figures(source: Source, kv: Mapping[str, float], capacity: int) -> Node
 
 def resident_capacity(swapper: Swapper, models: Sequence[str]) -> int:
     """How many of ``models`` run at once, as ``max_lora`` says it: each, in config
-    order, joins the set when the swapper would stop none of the set for it (at least 1).
+    order, joins the set when it runs beside the whole set (``Swapper.runs_beside``; at
+    least 1).
     Taken in another order, a matrix may fit more together; config order is the one a
     reader of the config can check."""
     together: set[str] = set()
     for model in models:
-        if not swapper.eviction_for(model, together):
+        if swapper.runs_beside(model, together):
             together.add(model)
     return max(1, len(together))
 

@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Collection, Mapping, Sequence, Set
 from typing import Protocol
 
-__all__ = ["EXACT_UP_TO", "Placement", "applies", "make_room"]
+__all__ = ["EXACT_UP_TO", "Placement", "applies", "fits_beside", "make_room"]
 
 #: Up to this many candidates, every subset is tried; beyond, a greedy pass.
 EXACT_UP_TO = 12
@@ -71,22 +71,14 @@ def make_room(
 ) -> frozenset[str] | None:
     """The models of ``running`` to stop so that ``target`` fits; ``None`` where the rule
     does not apply (``applies``). ``spared`` are never chosen (``persistent``)."""
-    need = placement.need(target)
-    if need is None:
+    room = _room(placement, target, running)
+    if room is None:
         return None
-    budgets: dict[str, int] = {}
-    for device, size in need.items():
-        budget = placement.budget(device)
-        if budget is None:
-            return None
-        if size:
-            budgets[device] = budget - size  # what the others may hold
-    others = [model for model in running if model != target]
-    held = {model: _held(placement.need(model), budgets) for model in others}
+    budgets, held = room
     if _fits(held.values(), budgets):
         return frozenset()
-    candidates = sorted(model for model in others if model not in spared)
-    kept = [held[model] for model in others if model in spared]
+    candidates = sorted(model for model in held if model not in spared)
+    kept = [size for model, size in held.items() if model in spared]
     if len(candidates) > EXACT_UP_TO:
         return _greedy(placement, candidates, held, kept, budgets, busy)
     best: tuple[bool, float, int, tuple[str, ...]] | None = None
@@ -105,6 +97,33 @@ def make_room(
             if best is None or key < best:
                 best = key
     return frozenset(best[3] if best is not None else candidates)
+
+
+def fits_beside(placement: Placement, target: str, running: Collection[str]) -> bool | None:
+    """Whether ``target`` fits beside all of ``running``; ``None`` where the rule does not
+    apply. ``make_room``'s first question, without its search for what to stop."""
+    room = _room(placement, target, running)
+    return None if room is None else _fits(room[1].values(), room[0])
+
+
+def _room(
+    placement: Placement, target: str, running: Collection[str]
+) -> tuple[dict[str, int], dict[str, dict[str, float]]] | None:
+    """What the others may hold on each device ``target`` needs, and what each of the
+    others (``running`` less ``target``) holds there; ``None`` where the rule does not
+    apply."""
+    need = placement.need(target)
+    if need is None:
+        return None
+    budgets: dict[str, int] = {}
+    for device, size in need.items():
+        budget = placement.budget(device)
+        if budget is None:
+            return None
+        if size:
+            budgets[device] = budget - size  # what the others may hold
+    others = [model for model in running if model != target]
+    return budgets, {model: _held(placement.need(model), budgets) for model in others}
 
 
 def _held(figure: Sizes | None, devices: Mapping[str, int]) -> dict[str, float]:

@@ -166,6 +166,12 @@ class Swapper(Protocol):
         and ignores it).
         """
 
+    def runs_beside(self, target: str, running: Set[str]) -> bool:
+        """Whether ``target`` can run with all of ``running``: its rules stop none of
+        them, and where the memory rule applies it fits beside them. ``eviction_for``'s
+        question without its search for the best models to stop (``max_lora`` asks it
+        of every model)."""
+
 
 class World(Protocol):
     """What a scheduler may ask about the world. Every method is a synchronous query."""

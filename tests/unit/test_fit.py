@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import pytest
 
 from llamaswap.config.model import GroupConfig, MatrixConfig
 from llamaswap.config.values import InvalidValue, parse_memory, parse_size
-from llamaswap.resources.fit import applies, make_room
+from llamaswap.observability.model_server import resident_capacity
+from llamaswap.resources.fit import applies, fits_beside, make_room
 from llamaswap.resources.oom import out_of_memory
 from llamaswap.router.swappers import GroupSwapper, MatrixSwapper
+from llamaswap.schedulers import Swapper
 
 GiB = 2**30
 
@@ -129,6 +132,57 @@ def test_the_matrix_evicts_more_where_its_set_leaves_no_room() -> None:
     matrix = MatrixConfig(vars={"a": "a", "b": "b"}, sets={"both": "a & b"})
     assert MatrixSwapper(matrix).eviction_for("a", {"b"}) == frozenset()
     assert MatrixSwapper(matrix, figures(a=20, b=10)).eviction_for("a", {"b"}) == {"b"}
+
+
+def test_fits_beside_asks_only_whether_it_fits() -> None:
+    assert fits_beside(figures(a=10, b=8, c=4), "c", {"a", "b"}) is True
+    assert fits_beside(figures(a=10, b=8, c=8), "c", {"a", "b"}) is False
+    assert fits_beside(figures(a=10), "x", {"a"}) is None  # x's need is unknown
+
+
+MODELS = "abcdef"
+GROUPS = {
+    "pair": GroupConfig(members=("a", "b"), swap=True, exclusive=False),
+    "free": GroupConfig(members=("c", "d"), swap=False, exclusive=False),
+}
+MATRIX = MatrixConfig(vars={m: m for m in MODELS}, sets={"ab": "a & b", "many": "c & d & e & f"})
+
+
+#: Sizes in GiB of 24: all fit together; some do; few do; one of unknown memory (e).
+NEEDS = [
+    dict.fromkeys(MODELS, 4),
+    {"a": 10, "b": 10, "c": 8, "d": 8, "e": 6, "f": 12},
+    {"a": 16, "b": 2, "c": 12, "d": 12, "f": 20},
+]
+
+
+@pytest.mark.parametrize("needs", NEEDS)
+@pytest.mark.parametrize("policy", ["implicit", "groups", "matrix"])
+def test_runs_beside_is_eviction_for_stopping_nothing(needs: dict[str, int], policy: str) -> None:
+    """Without persistent models (with them, nothing may be stopped for a model that does
+    not fit), ``runs_beside`` says exactly where ``eviction_for`` stops nothing: every
+    target against every running set."""
+    placement = figures(**needs)
+    swappers: dict[str, Swapper] = {
+        "implicit": GroupSwapper({}, placement),
+        "groups": GroupSwapper(GROUPS, placement),
+        "matrix": MatrixSwapper(MATRIX, placement),
+    }
+    swapper = swappers[policy]
+    for size in range(len(MODELS) + 1):
+        for running in map(set, itertools.combinations(MODELS, size)):
+            for target in MODELS:
+                expected = not swapper.eviction_for(target, running)
+                assert swapper.runs_beside(target, running) == expected, (target, running)
+
+
+def test_max_lora_counts_the_models_that_fit_together() -> None:
+    """Twelve 2 GiB models fill 24 GiB (with ``eviction_for`` each further one took the
+    exact search over twelve, 4096 subsets: 0.9 s for 100 models; ``runs_beside`` only
+    adds up)."""
+    models = [f"m{i:02}" for i in range(100)]
+    swapper = GroupSwapper({}, figures(**dict.fromkeys(models, 2)))
+    assert resident_capacity(swapper, models) == 12
 
 
 def test_sizes_read_as_people_write_them() -> None:

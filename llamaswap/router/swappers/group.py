@@ -21,7 +21,7 @@ from collections.abc import Mapping, Set
 from typing import final
 
 from llamaswap.config.model import GroupConfig
-from llamaswap.resources.fit import Placement, applies, make_room
+from llamaswap.resources.fit import Placement, applies, fits_beside, make_room
 
 __all__ = ["DEFAULT_GROUP", "GroupSwapper"]
 
@@ -60,6 +60,15 @@ class GroupSwapper:
         by_rules = frozenset() if home == DEFAULT_GROUP else self._by_rules(target, running, home)
         room = make_room(placement, target, running - by_rules, busy=busy, spared=self.persistent)
         return by_rules | (room or frozenset())
+
+    def runs_beside(self, target: str, running: Set[str]) -> bool:
+        home = self.group_of(target)
+        placement = self._placement
+        if placement is None or not applies(placement, target):
+            return not self._by_rules(target, running, home)
+        if home != DEFAULT_GROUP and self._by_rules(target, running, home):
+            return False
+        return fits_beside(placement, target, running) is not False
 
     def _by_rules(self, target: str, running: Set[str], home: str) -> frozenset[str]:
         config = self._config(home)

@@ -40,7 +40,7 @@ from typing import final
 
 from llamaswap.config.matrix_expr import Combination, expand_sets
 from llamaswap.config.model import MatrixConfig
-from llamaswap.resources.fit import Placement, make_room
+from llamaswap.resources.fit import Placement, fits_beside, make_room
 
 __all__ = ["MatrixSwapper"]
 
@@ -87,6 +87,12 @@ class MatrixSwapper:
             return by_sets
         room = make_room(self._placement, target, running - by_sets, busy=busy)
         return by_sets | (room or frozenset())
+
+    def runs_beside(self, target: str, running: Set[str]) -> bool:
+        if self._by_sets(target, running, frozenset()):
+            return False
+        placement = self._placement
+        return placement is None or fits_beside(placement, target, running) is not False
 
     def _by_sets(self, target: str, running: Set[str], busy: Set[str]) -> frozenset[str]:
         others = set(running)
