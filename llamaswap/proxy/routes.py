@@ -65,6 +65,11 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
             "/tokenize",
             "/detokenize",
             "/apply-template",
+            # llama-server's prompt token counts, for a chat or a Responses request
+            "/chat/completions/input_tokens",
+            "/v1/chat/completions/input_tokens",
+            "/responses/input_tokens",
+            "/v1/responses/input_tokens",
             # image servers (stable-diffusion.cpp, the AUTOMATIC1111 API)
             "/sdapi/v1/txt2img",
             "/sdapi/v1/img2img",
@@ -88,6 +93,7 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
         )
     },
     ("POST", "/v1/audio/transcriptions"): _M,
+    ("POST", "/audio/transcriptions"): _M,  # llama-server's, without /v1
     ("POST", "/v1/images/edits"): _M,
     ("GET", "/v1/audio/voices"): _Q,
     # llama.cpp's routes whose body (if any) names no model: ?model=NAME, or the default.

@@ -35,6 +35,10 @@ REQUESTS: list[tuple[str, str, Any]] = [
     ("POST", "/detokenize", {"tokens": [1, 2, 3]}),
     ("POST", "/apply-template", {"messages": MESSAGES}),
     ("GET", "/props", None),
+    ("POST", "/chat/completions/input_tokens", {"messages": MESSAGES}),
+    ("POST", "/v1/chat/completions/input_tokens", {"messages": MESSAGES}),
+    ("POST", "/v1/responses/input_tokens", {"input": "hello world"}),
+    ("POST", "/responses/input_tokens", {"input": "hello world"}),
     ("POST", "/tokenize", {"no_content": True}),  # llama-server's own error
     ("POST", "/completion", {"n_predict": 2}),  # no prompt: its own error
 ]
