@@ -137,12 +137,15 @@ def llamaswap_config(server: str, libs: str, args: list[str], extra_names: list[
     """A llamaswap config with one model: ``server`` with the suite's arguments.
 
     llama-server loads its model as it starts, so the model is preloaded: a test that
-    waits for the server to fall asleep finds it started, not yet to be started."""
+    waits for the server to fall asleep finds it started, not yet to be started. Its
+    output goes to the console as llama-server's own would (``logToStdout``): some tests
+    read it."""
     model_id, aliases = model_names(args, extra_names)
     cmd = ", ".join(toml_string(arg) for arg in [server, *upstream_args(args)])
     return "\n".join(
         [
             "healthCheckTimeout = 300",
+            'logToStdout = "both"',
             f"hooks.on_startup.preload = [{toml_string(model_id)}]",
             f"[models.{toml_string(model_id)}]",
             f"cmd = [{cmd}]",
