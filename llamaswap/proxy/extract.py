@@ -322,11 +322,17 @@ def _urlencoded_fields(body: bytes) -> Mapping[str, str]:
             ``MAX_FORM_PARTS`` fields.
     """
     try:
-        pairs = parse_qsl(
-            body.decode(), keep_blank_values=True, errors="strict", max_num_fields=MAX_FORM_PARTS
-        )
+        text = body.decode()
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the form is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    try:
+        pairs = parse_qsl(
+            text, keep_blank_values=True, errors="strict", max_num_fields=MAX_FORM_PARTS
+        )
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"the form is not UTF-8 once its %XX escapes are decoded ({exc.reason})"
+        ) from exc
     except ValueError as exc:  # parse_qsl's limit
         raise BadRequest(f"the form has more than {MAX_FORM_PARTS} fields") from exc
     fields: dict[str, str] = {}
