@@ -29,6 +29,15 @@ async def test_a_profile_keeps_its_models_running_together(proxy_factory: StartP
         with trio.fail_after(30):
             listed = [entry["id"] for entry in (await client.get("/v1/models")).json()["data"]]
             assert listed == ["coder", "architect", "other", "aider:coder", "aider:architect"]
+            profiles = (await client.get("/api/profiles")).json()["profiles"]
+            assert profiles == [
+                {
+                    "name": "aider",
+                    "description": None,
+                    "pins": {},
+                    "members": ["coder", "architect"],
+                }
+            ]
 
             first = await client.post("/v1/chat/completions", json=chat("aider:coder"))
             assert first.status_code == 200, first.text
