@@ -64,3 +64,12 @@ class TogetherSwapper:
         self, target: str, running: Set[str], busy: Set[str] = frozenset()
     ) -> frozenset[str]:
         return self.inner.eviction_for(target, running, busy) - self.mates(target)
+
+    def runs_beside(self, target: str, running: Set[str]) -> bool:
+        """``eviction_for`` stops none of ``running``. Asked of ``inner`` without the
+        mates, a matrix could answer yes where its cheapest set (mates counted) still
+        stops a model, so this one asks the search itself; when ``target`` has no mates
+        it is ``inner``'s own quick answer."""
+        if not self.mates(target):
+            return self.inner.runs_beside(target, running)
+        return not self.eviction_for(target, running)
