@@ -206,11 +206,22 @@ class CrossSiteRequest(RequestError):
 
 class ModelNotFound(RequestError):
     """``peer``: the name is that peer's model, which this route cannot reach.
-    ``profile``: the active profile pins the name to nothing."""
+    ``profile``: the active profile pins the name to nothing; with ``members``, the name is
+    ``profile:MODEL`` and that profile (llama-swap's older form) has no such member."""
 
-    def __init__(self, model: str, *, peer: str | None = None, profile: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        peer: str | None = None,
+        profile: str | None = None,
+        members: Sequence[str] | None = None,
+    ) -> None:
         self.model = model
-        if profile is not None:
+        if profile is not None and members is not None:
+            listed = ", ".join(map(repr, members))
+            why = f"not found: profile {profile!r} has no such model (its models: {listed})"
+        elif profile is not None:
             why = (
                 f"is turned off by the active profile {profile!r}; "
                 "PUT /api/profiles/active switches profiles"

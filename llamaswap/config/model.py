@@ -24,6 +24,7 @@ import attrs
 from .values import Bounds
 
 __all__ = [
+    "PROFILE_SEPARATOR",
     "Capabilities",
     "Config",
     "DeviceConfig",
@@ -371,13 +372,23 @@ class PeerConfig:
     timeouts: Timeouts = Timeouts()
 
 
+#: Between a profile's name and its member's in ``NAME:MODEL`` (llama-swap's older
+#: profiles): the first one splits, so model IDs may hold it (``aider:qwen2.5:7b``).
+PROFILE_SEPARATOR = ":"
+
+
 @attrs.frozen
 class ProfileConfig:
     """``[profiles.NAME]``: while the profile is active, each requested name in ``pins``
     reaches its target (a model ID, alias, ``peer/model`` or selector); a name pinned to
-    ``""`` reaches nothing (404)."""
+    ``""`` reaches nothing (404).
+
+    ``members``: llama-swap's older profile form, active or not: model IDs that run
+    together (loading one never unloads another: ``router/swappers/together.py``), each
+    reached as ``NAME:MODEL`` too (``router/names.py``)."""
 
     pins: Mapping[str, str] = attrs.field(factory=dict)
+    members: tuple[str, ...] = ()
     description: str | None = None
 
 

@@ -18,7 +18,13 @@ import attrs
 from llamaswap.keypaths import Path, Problem, format_path, suggestion
 
 from .matrix_expr import check_sets
-from .model import CHECK_NONE, MAX_SWAP_AFFINITY_BONUS, Config, ModelConfig
+from .model import (
+    CHECK_NONE,
+    MAX_SWAP_AFFINITY_BONUS,
+    PROFILE_SEPARATOR,
+    Config,
+    ModelConfig,
+)
 from .values import number_text
 
 __all__ = ["DETECTED_DEVICE", "NAME_RULE", "bad_name", "validate"]
@@ -62,6 +68,7 @@ def validate(
         _check_reference(config.default_model, ("defaultModel",), names, problems)
     _check_selectors(config, names, problems)
     _check_profiles(config, names, problems)
+    _check_profile_members(config, model_ids, names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
     _check_slot_save_paths(config, problems)
@@ -359,7 +366,7 @@ def _check_selectors(config: Config, local: Collection[str], problems: list[Prob
 
 def _check_profiles(config: Config, local: Collection[str], problems: list[Problem]) -> None:
     """Each pin's target is a name (a model, alias, peer model or selector) or ""."""
-    known = {*local, *_peer_names(config, local), *config.selectors}
+    known = {*local, *_peer_names(config, local), *config.selectors, *_member_names(config)}
     for profile_name, profile in config.profiles.items():
         base: Path = ("profiles", profile_name)
         if bad_name(profile_name):
@@ -373,6 +380,64 @@ def _check_profiles(config: Config, local: Collection[str], problems: list[Probl
                 problems.append(
                     Problem(path, f"unknown model, alias or selector {target!r}; {hint}")
                 )
+
+
+def _member_names(config: Config) -> set[str]:
+    """Every ``PROFILE:MODEL`` name the profiles with ``members`` make (aliases too)."""
+    names = set()
+    for profile_name, profile in config.profiles.items():
+        for member in profile.members:
+            model = config.models.get(member)
+            for name in (member, *(model.aliases if model is not None else ())):
+                names.add(f"{profile_name}{PROFILE_SEPARATOR}{name}")
+    return names
+
+
+def _check_profile_members(
+    config: Config, model_ids: Collection[str], names: Collection[str], problems: list[Problem]
+) -> None:
+    """A profile with ``members`` (llama-swap's older form) lists model IDs, each once; its
+    name has no ``:``, and no ``NAME:MODEL`` it makes is a name something else has."""
+    taken = {*names, *_peer_names(config, names), *config.selectors}
+    for profile in config.profiles.values():
+        taken.update(profile.pins)
+    for profile_name, profile in config.profiles.items():
+        base: Path = ("profiles", profile_name, "members")
+        if profile.members and PROFILE_SEPARATOR in profile_name:
+            problems.append(
+                Problem(
+                    ("profiles", profile_name),
+                    f"a profile with members is reached as NAME{PROFILE_SEPARATOR}MODEL: "
+                    f"its name {profile_name!r} must not contain {PROFILE_SEPARATOR!r}",
+                )
+            )
+        seen: set[str] = set()
+        for index, member in enumerate(profile.members):
+            path: Path = (*base, index)
+            if member not in model_ids:
+                if (owner := config.resolve(member)) is not None:
+                    problems.append(
+                        Problem(path, f"{member!r} is an alias; list the model ID {owner!r}")
+                    )
+                else:
+                    hint = suggestion(member, model_ids, noun="models")
+                    problems.append(Problem(path, f"unknown model {member!r}; {hint}"))
+                continue
+            if member in seen:
+                problems.append(Problem(path, f"model {member!r} is listed twice"))
+                continue
+            seen.add(member)
+            model = config.models.get(member)
+            for name in (member, *(model.aliases if model is not None else ())):
+                qualified = f"{profile_name}{PROFILE_SEPARATOR}{name}"
+                if qualified in taken:
+                    problems.append(
+                        Problem(
+                            path,
+                            f"{qualified!r} is already a name (a model, alias, selector, "
+                            "peer model or pin); rename the profile or that name",
+                        )
+                    )
 
 
 def _check_peers(config: Config, problems: list[Problem]) -> None:

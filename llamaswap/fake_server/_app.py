@@ -34,6 +34,7 @@ from ._content import (
     embedding,
     encoded,
     error,
+    form_fields,
     n_predict,
     prompt_texts,
     response_input,
@@ -187,6 +188,9 @@ class FakeServer:
             say(f"request {method} {path} at {time.time():.6f}")
         # HEAD as GET, as llama-server answers it (hypercorn leaves the body out).
         handler = self._routes.get(("GET" if method == "HEAD" else method, path))
+        if handler is None and method == "POST" and path == "/v1/audio/transcriptions":
+            content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+            handler = partial(self._transcribe, content_type)
         if handler is None and method == "POST" and path.startswith("/slots/"):
             query = parse_qs(scope["query_string"].decode("latin-1"))
             action = query.get("action", [""])[0]
@@ -248,8 +252,8 @@ class FakeServer:
         await send(start)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _read_json(self, receive: ASGIReceiveCallable) -> dict[str, Any] | None:
-        """The request body as a JSON object, or None if the client left while sending it."""
+    async def _read_body(self, receive: ASGIReceiveCallable) -> bytes | None:
+        """The request body, or None if the client left while sending it."""
         chunks = []
         while True:
             message = await receive()
@@ -258,9 +262,15 @@ class FakeServer:
             if message["type"] == "http.request":
                 chunks.append(message["body"])
                 if not message["more_body"]:
-                    break
+                    return b"".join(chunks)
+
+    async def _read_json(self, receive: ASGIReceiveCallable) -> dict[str, Any] | None:
+        """The request body as a JSON object, or None if the client left while sending it."""
+        raw = await self._read_body(receive)
+        if raw is None:
+            return None
         try:
-            body = json.loads(b"".join(chunks))
+            body = json.loads(raw)
         except ValueError as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
@@ -326,6 +336,23 @@ class FakeServer:
         except SlotRefused as exc:
             await self._json(send, exc.status, error(str(exc), exc.kind))
             return
+        await self._json(send, 200, answer)
+
+    async def _transcribe(
+        self, content_type: str, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """``/v1/audio/transcriptions``: a multipart or URL-encoded form; the answer says
+        the ``model`` field the server was sent and how many bytes its ``file`` held."""
+        body = await self._read_body(receive)
+        if body is None:
+            return
+        fields = form_fields(body, content_type)
+        text = f"fake transcription of {len(fields.get('file', b''))} bytes"
+        model = fields.get("model")
+        answer = {
+            "text": text,
+            "model": None if model is None else model.decode("utf-8", "replace"),
+        }
         await self._json(send, 200, answer)
 
     async def _embeddings(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:

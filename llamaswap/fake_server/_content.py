@@ -23,8 +23,10 @@ import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any, Final, final
+from urllib.parse import parse_qsl
 
 import attrs
+from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 
 _WORDS: Final = (
     "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
@@ -47,6 +49,45 @@ def dumps(obj: object) -> bytes:
 
 class BadRequest(Exception):
     pass
+
+
+def form_fields(body: bytes, content_type: str) -> dict[str, bytes]:
+    """A multipart or URL-encoded form's fields (files too), the first value of each.
+    Raises BadRequest for any other body, or a malformed one."""
+    media_type, _, params = content_type.partition(";")
+    media_type = media_type.strip().lower()
+    fields: dict[str, bytes] = {}
+    if media_type == "application/x-www-form-urlencoded":
+        for key, value in parse_qsl(body.decode("latin-1"), keep_blank_values=True):
+            fields.setdefault(key, value.encode())
+        return fields
+    if media_type != "multipart/form-data":
+        raise BadRequest(f"expected a form, got Content-Type {content_type!r}")
+    boundary = next(
+        (
+            value.strip().strip('"')
+            for key, _, value in (part.strip().partition("=") for part in params.split(";"))
+            if key.lower() == "boundary"
+        ),
+        "",
+    )
+    if not boundary:
+        raise BadRequest("the multipart form has no boundary")
+    decoder = MultipartDecoder(boundary.encode("latin-1"))
+    decoder.receive_data(body)
+    decoder.receive_data(None)
+    name: str | None = None
+    try:
+        while not isinstance(event := decoder.next_event(), (Epilogue, NeedData)):
+            if isinstance(event, (Field, File)):
+                name = event.name if event.name not in fields else None
+                if name is not None:
+                    fields[name] = b""
+            elif isinstance(event, Data) and name is not None:
+                fields[name] += event.data
+    except ValueError as exc:
+        raise BadRequest(f"the multipart form is malformed: {exc}") from None
+    return fields
 
 
 def error(message: str, kind: str) -> dict[str, Any]:

@@ -27,8 +27,8 @@ exceptions are the places where the two formats differ, each handled by name:
   lower case, ``checkEndpoint`` with its leading ``/``), and ``preload`` names of no model
   and aliases that are another model's ID (llama-swap looks IDs up first) are left out;
 * a profile's pin to ``~`` (YAML null: the name is turned off) becomes ``""``, and
-  llama-swap's older profile form (a list of models that run together) is noted, with
-  how to write it, and left out;
+  llama-swap's older profile form (a list of models that run together) becomes the
+  profile's ``members`` (model IDs: an alias is written as its model's ID);
 * what llamaswap reads differently and cannot be rewritten (a macro in a key, an unquoted
   ``${env.NAME}`` where a number may be meant, a model ID or peer ID llamaswap refuses, a
   command written for Windows, a model without ``cmd``, ``comfyui_auto``) is noted.
@@ -1055,25 +1055,58 @@ def _matrix(t: _Translator, key: str, value: object, path: Path) -> Iterator[_En
     return t.matrix(value, path)
 
 
-#: llama-swap's older profiles: models run together, each reached as ``NAME:model``.
-_OLD_PROFILE = (
-    "llama-swap's older profile form (models that run together, each reached as "
-    "'{name}:MODEL') is not translated: put its models in a group with swap = false and "
-    "exclusive = false (routing.router.settings.groups), and give each the alias "
-    "'{name}:MODEL'"
-)
-
-
 @_hook(schema.Config, "profiles")
 def _profiles(t: _Translator, key: str, value: object, path: Path) -> Iterator[_Entry]:
+    """Both of llama-swap's profile forms: a table of pins as it is, and the older form (a
+    list of models that run together, each reached as ``NAME:MODEL``) as ``members``."""
     if not isinstance(value, Mapping):
         yield from t.copy(key, value, path, _Kind(schema.ProfileConfig, each=True))
         return
-    new = {name: profile for name, profile in value.items() if not isinstance(profile, list)}
-    for name in value.keys() - new.keys():
-        t.skip((*path, str(name)), _OLD_PROFILE.format(name=name))
-    if new:
-        yield from t.table(key, new, path, _Kind(schema.ProfileConfig, each=True))
+    entries: list[_Entry] = []
+    for name, profile in value.items():
+        at: Path = (*path, str(name))
+        t._check_key(str(name), at)
+        if isinstance(profile, list):
+            entries.append(_Table(str(name), at, (_members(t, profile, at),)))
+        elif isinstance(profile, Mapping):
+            entries.extend(
+                t.table(str(name), profile, at, _Kind(schema.ProfileConfig), named=True)
+            )
+        else:
+            t.skip(at, "expected a mapping of keys, or a list of models")
+    if entries:
+        yield _Table(key, path, tuple(entries))
+
+
+def _members(t: _Translator, models: list[Any], path: Path) -> _Value:
+    """An older profile's list as ``members``: model IDs, as llama-swap looks each name
+    up (an alias becomes its model's ID; a name of no model is left out, as llama-swap
+    leaves it out of the models it starts)."""
+    owner = _alias_owners(t)
+    names = [_go_text(v) if isinstance(v, (int, float)) else v for v in models]
+    dropped: set[int] = set()
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or name in t.model_ids or "${" in name:
+            continue
+        if name in owner:
+            t.note((*path, index), f"{name!r} is an alias: the profile lists its model's ID")
+            names[index] = owner[name]
+        else:
+            t.skip((*path, index), f"{name!r} is no model or alias; llama-swap skips it")
+            dropped.add(index)
+    # Its comments are the list items' own: those above the list are the profile's.
+    return _Value("members", t.array(names, path, "str", dropped=dropped), (*path, "members"))
+
+
+def _alias_owners(t: _Translator) -> dict[str, str]:
+    """Each alias → the ID of its model (the first model that claims it)."""
+    owners: dict[str, str] = {}
+    models = t.root.get("models")
+    for model_id, model in models.items() if isinstance(models, Mapping) else ():
+        aliases = model.get("aliases") if isinstance(model, Mapping) else None
+        for alias in aliases if isinstance(aliases, list) else ():
+            owners.setdefault(str(alias), str(model_id))
+    return owners
 
 
 @_hook(schema.ProfileConfig, "pins")

@@ -439,6 +439,10 @@ def create_app(
         # node serves from here (docs/scale-out.md).
         listed += () if config.gateway.node else names.peer_models()
         listed += [name for name, selector in config.selectors.items() if not selector.unlisted]
+        # llama-swap's older profiles: each member as PROFILE:MODEL, unless it is unlisted.
+        listed += [
+            name for name, model_id in names.members() if not config.models[model_id].unlisted
+        ]
         # The active profile's names, each as what it reaches; none for a name it turns off.
         listed += [name for name in names.pins if name not in listed]
         data = [

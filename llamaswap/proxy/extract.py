@@ -1,19 +1,22 @@
 """Reading the model from a request, and rewriting the request for its model server.
 
-Inference routes name their model in the JSON body, in a multipart form field, or in
-the query string (SPEC §4.1). ``useModelName`` and ``filters`` rewrite the JSON body;
-when nothing changes, the original bytes are forwarded untouched. A JSON body is parsed
-once per request (``Payload``), however many questions are asked of it: a prompt with
-images can be megabytes. Most requests only need its ``model`` (and ``stream``): those two
-fields are read with msgspec, which checks the whole body is JSON but builds nothing else
-(a 2 MB chat body: 0.55 ms, against 4.7 ms for ``json.loads``; docs/performance.md),
-then the body is checked to be UTF-8, as RFC 8259 requires and msgspec checks only in
-what it reads (``_check_utf8``: 0.07 ms more for an ASCII body).
+Inference routes name their model in the body or in the query string (SPEC §4.1). A body's
+``Content-Type`` says how it is read (``body_kind``): a JSON object, a multipart form
+(``/v1/audio/transcriptions``, an image edit) or a URL-encoded form (what an HTML form
+posts), each with a ``model`` field; a body that says none is read as its route expects. A
+form's ``model`` is rewritten in place, every other byte kept. ``useModelName`` and
+``filters`` rewrite the JSON body; when nothing changes, the original bytes are forwarded
+untouched. A JSON body is parsed once per request (``Payload``), however many questions are
+asked of it: a prompt with images can be megabytes. Most requests only need its ``model``
+(and ``stream``): those two fields are read with msgspec, which checks the whole body is
+JSON but builds nothing else (a 2 MB chat body: 0.55 ms, against 4.7 ms for ``json.loads``;
+docs/performance.md), then the body is checked to be UTF-8, as RFC 8259 requires and
+msgspec checks only in what it reads (``_check_utf8``: 0.07 ms more for an ASCII body).
 Whatever msgspec cannot read goes to ``json.loads``, which decides as it always did (it
-takes ``NaN`` and ``Infinity``, as clients may send them). A rewrite changes top-level
-keys only: the other values go upstream byte for byte, as the client wrote them (a number
-such as ``1e400`` or one of 5 000 digits as it is: a document would make it ``Infinity``,
-or fail).
+takes ``NaN`` and ``Infinity``, as clients may send them). A rewrite changes top-level keys
+only: the other values go upstream byte for byte, as the client wrote them (a number such
+as ``1e400`` or one of 5 000 digits as it is: a document would make it ``Infinity``, or
+fail).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, final
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote_plus, unquote_plus, urlencode
 
 import attrs
 import msgspec
@@ -40,13 +43,35 @@ from werkzeug.sansio.multipart import (
 from llamaswap.config.model import FilterConfig
 from llamaswap.errors import BadRequest
 
-__all__ = ["ModelIn", "Payload", "read_model", "rewrite_body", "rewrite_query"]
+__all__ = ["ModelIn", "Payload", "body_kind", "read_model", "rewrite_body", "rewrite_query"]
 
 
 class ModelIn(enum.Enum):
     JSON = "json"
     MULTIPART = "multipart"
+    FORM = "form"  # application/x-www-form-urlencoded
     QUERY = "query"
+
+
+#: The body kinds a ``Content-Type`` names (its media type, in lower case).
+_MEDIA_TYPES = {
+    "application/json": ModelIn.JSON,
+    "multipart/form-data": ModelIn.MULTIPART,
+    "application/x-www-form-urlencoded": ModelIn.FORM,
+}
+
+
+def body_kind(where: ModelIn, content_type: str) -> ModelIn:
+    """How a request to a route whose model is ``where`` names it: a body route reads the
+    body its ``Content-Type`` says it is (JSON, a multipart form or a URL-encoded form,
+    as llama-swap reads them), else the kind the route expects; a query route reads the
+    query whatever its body."""
+    if where is ModelIn.QUERY:
+        return where
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type.endswith("+json"):
+        return ModelIn.JSON
+    return _MEDIA_TYPES.get(media_type, where)
 
 
 class _Head(msgspec.Struct):
@@ -107,6 +132,8 @@ def read_model(
         model = dict(parse_qsl(query.decode("latin-1"))).get("model")
     elif where is ModelIn.JSON:
         model = payload.field("model")
+    elif where is ModelIn.FORM:
+        model = _urlencoded_fields(payload.raw).get("model")
     else:
         model = _form_fields(payload.raw, payload.content_type).get("model")
     if model is not None and not isinstance(model, str):
@@ -170,6 +197,8 @@ def rewrite_body(
     if where is ModelIn.MULTIPART and model is not None:
         raw = _replace_form_field(payload.raw, payload.content_type, "model", model)
         return Payload(raw, payload.content_type)
+    if where is ModelIn.FORM and model is not None:
+        return Payload(_replace_urlencoded(payload.raw, "model", model), payload.content_type)
     return payload
 
 
@@ -283,3 +312,42 @@ def _replace_form_field(body: bytes, content_type: str, field: str, value: str) 
             out += encoder.send_event(event)
     out += encoder.send_event(Epilogue(data=b""))
     return bytes(out)
+
+
+def _urlencoded_fields(body: bytes) -> Mapping[str, str]:
+    """A URL-encoded form's fields, the first value of each (as Go's ``FormValue``).
+
+    Raises:
+        BadRequest: it is not UTF-8 (raw or once decoded), or has more than
+            ``MAX_FORM_PARTS`` fields.
+    """
+    try:
+        text = body.decode()
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the form is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    try:
+        pairs = parse_qsl(
+            text, keep_blank_values=True, errors="strict", max_num_fields=MAX_FORM_PARTS
+        )
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"the form is not UTF-8 once its %XX escapes are decoded ({exc.reason})"
+        ) from exc
+    except ValueError as exc:  # parse_qsl's limit
+        raise BadRequest(f"the form has more than {MAX_FORM_PARTS} fields") from exc
+    fields: dict[str, str] = {}
+    for name, value in pairs:
+        fields.setdefault(name, value)
+    return fields
+
+
+def _replace_urlencoded(body: bytes, field: str, value: str) -> bytes:
+    """``body`` with every value of ``field`` set to ``value``; every other field goes on
+    byte for byte, as the client encoded it."""
+    _urlencoded_fields(body)  # checked as read_model checks it
+    encoded = f"{quote_plus(field)}={quote_plus(value)}".encode()
+    parts = [
+        encoded if unquote_plus(part.partition(b"=")[0].decode()) == field else part
+        for part in body.split(b"&")
+    ]
+    return b"&".join(parts)

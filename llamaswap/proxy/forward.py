@@ -73,7 +73,7 @@ from llamaswap.schedulers.settings import preemptible
 
 from . import anthropic, resume
 from .exchange import CLIENT_LEFT, Exchange, Recorder
-from .extract import ModelIn, Payload, read_model, rewrite_body, rewrite_query
+from .extract import ModelIn, Payload, body_kind, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
 from .operations import client_address
 from .routes import METHODS, Route, slash_location, upstream_target
@@ -283,6 +283,7 @@ class Forwarder:
         priority = headers.get(PRIORITY_HEADER)
         exchange.priority = 0 if priority is None else parse_priority([priority])
         renamed: str | None = None  # the name a pin or selector put in the client's place
+        where: ModelIn | None = None  # how the request names its model: None, in the path
         if route.model_in is None:
             name, target, upstream_path = upstream_target(
                 scope, self._names, comfyui=route.comfyui
@@ -305,7 +306,8 @@ class Forwarder:
                 )
             payload = Payload(await body.read(), content_type)
             default = self._config.fallback_model()
-            name = read_model(route.model_in, payload, query, default=default)
+            where = body_kind(route.model_in, content_type)
+            name = read_model(where, payload, query, default=default)
             exchange.metadata["requested_model"] = sent = name
             # From here on, the name its pin or selector chose: the model server and the
             # filters see that name, as if the client had sent it.
@@ -318,7 +320,7 @@ class Forwarder:
             exchange.metadata["peer"] = target.peer_id
             self._capture(exchange, scope, payload, body, wanted=self._config.capture)
             peer = target.config
-            payload, query = _rewrite(route, payload, query, target.model, peer.filters, name)
+            payload, query = _rewrite(where, payload, query, target.model, peer.filters, name)
             auth = _peer_auth(target)
             upstream = _Upstream(peer.proxy, path, query, payload, auth, None, peer.timeouts)
             await self._forward(exchange, scope, upstream, body, reply)
@@ -340,7 +342,7 @@ class Forwarder:
         while_waiting: Callable[[Lease], Awaitable[None]] | None = None
         if payload is None:
             while_waiting = body.prefetch  # the upload streams through once granted
-        elif model.send_loading_state and _streaming_chat(route, scope, payload):
+        elif model.send_loading_state and _streaming_chat(where, scope, payload):
             exchange.metadata["loading_state"] = True
             while_waiting = partial(
                 report_progress,
@@ -350,8 +352,10 @@ class Forwarder:
                 reply.body,
                 estimator=self._estimator,
             )
-        preemptible = translation is None and self._preemptible(
-            target.model_id, headers, path, payload
+        preemptible = (
+            translation is None
+            and where is ModelIn.JSON
+            and self._preemptible(target.model_id, headers, path, payload)
         )
         exchange.lease = lease = self._router.lease(
             target.model_id,
@@ -365,7 +369,7 @@ class Forwarder:
             # moved it (a new port) or changed its filters.
             model = self._config.models.get(target.model_id, model)
             payload, query = _rewrite(
-                route, payload, query, model.use_model_name or renamed, model.filters, name
+                where, payload, query, model.use_model_name or renamed, model.filters, name
             )
             upstream = _Upstream(
                 model.proxy, path, query, payload, [], translation, model.timeouts
@@ -680,7 +684,7 @@ async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:
 
 
 def _rewrite(
-    route: Route,
+    where: ModelIn | None,
     payload: Payload | None,
     query: bytes,
     rename: str | None,
@@ -688,13 +692,12 @@ def _rewrite(
     requested: str,
 ) -> tuple[Payload | None, bytes]:
     """The body and query sent upstream: ``model`` renamed to ``rename`` (the name the
-    model server knows, if not the client's) and ``filters`` applied."""
-    if payload is None or route.model_in is None:
+    model server knows, if not the client's) and ``filters`` applied. ``where``: how the
+    request named its model (``body_kind``); None for ``/upstream``."""
+    if payload is None or where is None:
         return payload, query  # /upstream passes the client's request through
-    payload = rewrite_body(
-        route.model_in, payload, model=rename, filters=filters, requested=requested
-    )
-    if route.model_in is ModelIn.QUERY and rename:
+    payload = rewrite_body(where, payload, model=rename, filters=filters, requested=requested)
+    if where is ModelIn.QUERY and rename:
         query = rewrite_query(query, rename)
     return payload, query
 
@@ -710,8 +713,8 @@ def _error_event(body: bytes, status: int, model: str) -> bytes:
         return error_response(UpstreamError(model, f"answered {status}: {text}"))[2]
 
 
-def _streaming_chat(route: Route, scope: HTTPScope, payload: Payload | None) -> bool:
-    if scope["path"] != "/v1/chat/completions" or payload is None:
+def _streaming_chat(where: ModelIn | None, scope: HTTPScope, payload: Payload | None) -> bool:
+    if scope["path"] != "/v1/chat/completions" or payload is None or where is not ModelIn.JSON:
         return False
     return payload.field("stream") is True
 

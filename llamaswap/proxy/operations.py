@@ -249,11 +249,17 @@ def register(quart: QuartTrio, router: Router) -> None:
 
 
 def profiles_document(router: Router) -> dict[str, Any]:
-    """``GET /api/profiles``: every profile, with its pins, and the active one's name."""
+    """``GET /api/profiles``: every profile, with its pins and members, and the active
+    one's name."""
     return {
         "active": router.names.profile,
         "profiles": [
-            {"name": name, "description": profile.description, "pins": dict(profile.pins)}
+            {
+                "name": name,
+                "description": profile.description,
+                "pins": dict(profile.pins),
+                "members": list(profile.members),
+            }
             for name, profile in router.config.profiles.items()
         ],
     }

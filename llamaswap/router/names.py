@@ -3,7 +3,10 @@
 In order: the active profile's pins (``[profiles.NAME]``) map the requested name to
 another, or to nothing (404); a selector's name (``[selectors.NAME]``) then becomes one
 of its targets, picked by its strategy (``selectors.py``); what is left is a model ID, an
-alias, ``peer/model`` or a bare peer model name. Every route resolves names here, so a
+alias, ``peer/model``, a bare peer model name, or ``PROFILE:MODEL`` for a profile with
+``members`` (llama-swap's older form), which goes on as ``MODEL``: the profile's part
+is for llamaswap (its members run together, ``swappers/together.py``), and the model
+server is sent the model's own name, as llama-swap sends it. Every route resolves names here, so a
 profile and a selector mean the same to the inference routes, ``/v1/models/{name}``, a
 load and ``/upstream/`` (which takes no selector: it reaches one model's own server).
 """
@@ -15,7 +18,7 @@ from typing import final
 
 import attrs
 
-from llamaswap.config.model import Config, PeerConfig, SelectorConfig
+from llamaswap.config.model import PROFILE_SEPARATOR, Config, PeerConfig, SelectorConfig
 from llamaswap.errors import BadRequest, ModelNotFound
 
 from . import selectors
@@ -69,9 +72,16 @@ class Names:
         for name, targets in bare.items():
             if len(targets) == 1 and name not in self._local:
                 self._peers.setdefault(name, targets[0])
+        #: Profiles with ``members`` (llama-swap's older form): name → its member IDs.
+        self._members: dict[str, tuple[str, ...]] = {
+            name: profile.members for name, profile in config.profiles.items() if profile.members
+        }
         #: The most ``/``-separated segments any name has.
         self._segments = max(
-            (name.count("/") + 1 for name in [*self._local, *self._peers, *self.pins]),
+            (
+                name.count("/") + 1
+                for name in [*self._local, *self._peers, *self.pins, *dict(self.members())]
+            ),
             default=1,
         )
 
@@ -83,6 +93,8 @@ class Names:
         selector = self._selectors.get(name)
         if selector is not None:
             name = selector.targets[self._pick(selector)]
+        else:
+            name = self._unprefixed(name)
         return name, self._find(name)
 
     def resolve(self, name: str) -> Local | Peer:
@@ -101,6 +113,28 @@ class Names:
             raise ModelNotFound(name, profile=self.profile)
         return pinned
 
+    def _unprefixed(self, name: str) -> str:
+        """``MODEL`` for ``PROFILE:MODEL`` when that profile has ``members``; any other
+        name as it is. Raises ``ModelNotFound`` if the profile has no such member."""
+        if name in self._local or name in self._peers:
+            return name  # a model's own name may hold the separator (``qwen2.5:7b``)
+        profile, separator, model = name.partition(PROFILE_SEPARATOR)
+        members = self._members.get(profile) if separator else None
+        if members is None:
+            return name
+        if self._local.get(model) not in members:
+            raise ModelNotFound(name, profile=profile, members=members)
+        return model
+
+    def members(self) -> list[tuple[str, str]]:
+        """Every ``PROFILE:MODEL`` name of the profiles with ``members``, in their order,
+        with the model ID it reaches."""
+        return [
+            (f"{profile}{PROFILE_SEPARATOR}{model}", model)
+            for profile, members in self._members.items()
+            for model in members
+        ]
+
     def _pick(self, selector: SelectorConfig) -> int:
         if selector.strategy == "pin":
             return 0
@@ -117,7 +151,7 @@ class Names:
                 f"{name!r} is a selector: /upstream/ reaches one model's server; "
                 "name one of its targets"
             )
-        return self._find(pinned)
+        return self._find(self._unprefixed(pinned))
 
     def _find(self, name: str) -> Local | Peer:
         model_id = self._local.get(name)

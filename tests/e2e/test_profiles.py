@@ -70,6 +70,7 @@ async def test_a_profile_switched_at_run_time_pins_names_on_every_route(
                         "name": "beta-day",
                         "description": "everything on beta",
                         "pins": {"alpha": "beta", "coder": "best", "off": ""},
+                        "members": [],
                     }
                 ],
             }

@@ -381,11 +381,11 @@ async def test_multipart_routes_and_upstream_errors_pass_through(
     async with proxy.client() as client:
         with trio.fail_after(30):
             response = await client.post(
-                "/v1/audio/transcriptions",
+                "/v1/images/edits",
                 data={"model": "whisper"},
-                files={"file": ("a.wav", b"RIFF....", "audio/wav")},
+                files={"image": ("a.png", b"\x89PNG", "image/png")},
             )
-    # The fake server has no transcription route: its own 404 comes back untouched.
+    # The fake server has no image route: its own 404 comes back untouched.
     assert response.status_code == 404
     assert response.headers["x-fake-model"] == "whisper"
 

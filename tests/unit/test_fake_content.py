@@ -15,6 +15,7 @@ from llamaswap.fake_server._content import (
     called_tool,
     embedding,
     encoded,
+    form_fields,
     response_input,
 )
 
@@ -92,3 +93,22 @@ def test_the_tool_a_request_makes_it_call(
     kind: str, body: dict[str, Any], tool: str | None
 ) -> None:
     assert called_tool(kind, body) == tool
+
+
+def test_the_fake_reads_multipart_and_urlencoded_forms() -> None:
+    multipart = (
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        b'RIFF\r\n--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nw\r\n--b--\r\n'
+    )
+    assert form_fields(multipart, 'multipart/form-data; boundary="b"') == {
+        "file": b"RIFF",
+        "model": b"w",
+    }
+    assert form_fields(b"model=a+b&model=c&x=", "application/x-www-form-urlencoded") == {
+        "model": b"a b",
+        "x": b"",
+    }
+    with pytest.raises(BadRequest, match="expected a form"):
+        form_fields(b"{}", "application/json")
+    with pytest.raises(BadRequest, match="no boundary"):
+        form_fields(multipart, "multipart/form-data")

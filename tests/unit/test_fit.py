@@ -12,7 +12,8 @@ from llamaswap.config.values import InvalidValue, parse_memory, parse_size
 from llamaswap.observability.model_server import resident_capacity
 from llamaswap.resources.fit import applies, fits_beside, make_room
 from llamaswap.resources.oom import out_of_memory
-from llamaswap.router.swappers import GroupSwapper, MatrixSwapper
+from llamaswap.router.swappers import GroupSwapper, MatrixSwapper, TogetherSwapper
+from llamaswap.router.swappers.together import mates
 from llamaswap.schedulers import Swapper
 
 GiB = 2**30
@@ -157,7 +158,9 @@ NEEDS = [
 
 
 @pytest.mark.parametrize("needs", NEEDS)
-@pytest.mark.parametrize("policy", ["implicit", "groups", "matrix"])
+@pytest.mark.parametrize(
+    "policy", ["implicit", "groups", "matrix", "together-groups", "together-matrix"]
+)
 def test_runs_beside_is_eviction_for_stopping_nothing(needs: dict[str, int], policy: str) -> None:
     """Without persistent models (with them, nothing may be stopped for a model that does
     not fit), ``runs_beside`` says exactly where ``eviction_for`` stops nothing: every
@@ -168,6 +171,10 @@ def test_runs_beside_is_eviction_for_stopping_nothing(needs: dict[str, int], pol
         "groups": GroupSwapper(GROUPS, placement),
         "matrix": MatrixSwapper(MATRIX, placement),
     }
+    # Profiles with members (llama-swap's older form) over either: a model in two.
+    together = mates([["a", "c"], ["a", "f"]])
+    swappers["together-groups"] = TogetherSwapper(swappers["groups"], together)
+    swappers["together-matrix"] = TogetherSwapper(swappers["matrix"], together)
     swapper = swappers[policy]
     for size in range(len(MODELS) + 1):
         for running in map(set, itertools.combinations(MODELS, size)):

@@ -878,7 +878,7 @@ def test_llama_swaps_comments_that_llamaswap_makes_false_are_rewritten() -> None
     ) in result.toml
 
 
-def test_profiles_and_selectors_carry_over_and_the_older_profile_form_is_noted() -> None:
+def test_profiles_and_selectors_carry_over_in_both_profile_forms() -> None:
     result, config = translate(
         """
         models:
@@ -895,7 +895,8 @@ def test_profiles_and_selectors_carry_over_and_the_older_profile_form_is_noted()
           work:
             description: "day time"
             pins: {llm: coding, image-gen: ~}
-          aider: [coder, architect]
+          # the older form: models that run together
+          aider: [coder, plan, ghost]
         """
     )
     assert config.selectors["coding"].strategy == "spillover"
@@ -904,6 +905,12 @@ def test_profiles_and_selectors_carry_over_and_the_older_profile_form_is_noted()
     assert config.selectors["coding"].metadata == {"purpose": "coding"}
     assert config.profiles["work"].description == "day time"
     assert config.profiles["work"].pins == {"llm": "coding", "image-gen": ""}
-    assert "aider" not in config.profiles
-    assert remarks(result) == [("profiles.aider", True)]
-    assert "swap = false and exclusive = false" in result.remarks[0].message
+    # An alias is written as its model's ID; a name of no model is left out, as llama-swap
+    # leaves it out of what it starts.
+    assert config.profiles["aider"].members == ("coder", "architect")
+    assert (
+        '# the older form: models that run together\n[profiles.aider]\nmembers = ["coder", '
+        '"architect"]\n'
+    ) in result.toml
+    assert remarks(result) == [("profiles.aider[1]", False), ("profiles.aider[2]", True)]
+    assert result.remarks[0].message == "'plan' is an alias: the profile lists its model's ID"
