@@ -11,6 +11,7 @@ Task tree::
     ├── hypercorn.trio.serve            one task per connection, the Application per request
     ├── Reloader.watch                  with --watch-config: reload when the file changes
     ├── Reloader.reload (per SIGHUP)    validate, then Router.reconfigure (SPEC §3.7)
+    ├── Notifier.watchdog               under systemd with WatchdogSec=: WATCHDOG=1 pings
     └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3)
 
 Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
@@ -35,6 +36,7 @@ import attrs
 import hypercorn.trio
 import trio
 
+from llamaswap._systemd import Notifier
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import ListenError, LlamaSwapError, RequestError, only_cause
 from llamaswap.http import server as http_server
@@ -286,6 +288,8 @@ async def serve(
         await nursery.start(router.run)
         nursery.start_soon(app.model_server.run)
         await nursery.start(app.props.run)
+        notifier = Notifier.from_env()
+        nursery.start_soon(notifier.watchdog)
         stop_accepting = trio.Event()
         server_config = _hypercorn_config(listen, lambda: router.config, tls)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -309,8 +313,18 @@ async def serve(
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
             task_status.started(urls)
+            notifier.ready()
+
+            async def reload_notified() -> None:
+                assert app.reloader is not None
+                notifier.reloading()
+                try:
+                    await app.reloader.reload("SIGHUP")
+                finally:
+                    notifier.ready()
 
             async def shut_down() -> None:
+                notifier.stopping()
                 if app.reloader is not None:
                     app.reloader.close()
                 stop_accepting.set()
@@ -339,7 +353,7 @@ async def serve(
                     if app.reloader is None:
                         logger.warning("received SIGHUP: no config file to reload from")
                     else:
-                        nursery.start_soon(app.reloader.reload, "SIGHUP")
+                        nursery.start_soon(reload_notified)
                 else:
                     logger.info("received %s: shutting down", name)
                     stopping = True
