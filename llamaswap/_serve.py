@@ -192,6 +192,23 @@ def _close_upstream_connections(router: Router, pool: UpstreamPool, event: Route
             pool.close_idle(address)
 
 
+def _serving(router: Router, changed: ModelStateChanged | None = None) -> str:
+    """The ``STATUS=`` line systemd shows while serving: the models ready."""
+    ready = []
+    for model in router.known_models():
+        state = router.statistics(model).state
+        if changed is not None and model == changed.model:
+            state = changed.state
+        if state is ModelState.READY:
+            ready.append(model)
+    return f"serving; models ready: {', '.join(ready) or 'none'}"
+
+
+def _notify_models(router: Router, notifier: Notifier, event: RouterEvent) -> None:
+    assert isinstance(event, ModelStateChanged)
+    notifier.status(_serving(router, event))
+
+
 async def _end_live_streams(hub: EventHub, logs: Logs) -> None:
     """After the models have stopped (so their clients saw that too), end every stream."""
     hub.close()
@@ -290,6 +307,8 @@ async def serve(
         await nursery.start(app.props.run)
         notifier = Notifier.from_env()
         nursery.start_soon(notifier.watchdog)
+        if notifier.enabled:
+            router.observe(partial(_notify_models, router, notifier), ModelStateChanged)
         stop_accepting = trio.Event()
         server_config = _hypercorn_config(listen, lambda: router.config, tls)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -313,7 +332,7 @@ async def serve(
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
             task_status.started(urls)
-            notifier.ready()
+            notifier.ready(_serving(router))
 
             async def reload_notified() -> None:
                 assert app.reloader is not None
@@ -321,7 +340,7 @@ async def serve(
                 try:
                     await app.reloader.reload("SIGHUP")
                 finally:
-                    notifier.ready()
+                    notifier.ready(_serving(router))
 
             async def shut_down() -> None:
                 notifier.stopping()

@@ -65,6 +65,8 @@ class Notifier:
         self._address = _address(path) if path else None
         self._socket: socket.socket | None = None
         self._failed = False
+        self._stopping = False
+        self._status = ""
         self.watchdog_interval = watchdog_interval if self._address is not None else None
 
     @classmethod
@@ -93,13 +95,22 @@ class Notifier:
                 logger.warning("could not notify systemd at %s: %s", self._address, exc)
 
     def ready(self, status: str = "serving") -> None:
+        self._status = status
         self.send(READY=1, STATUS=status)
 
     def reloading(self) -> None:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         self.send(RELOADING=1, MONOTONIC_USEC=usec, STATUS="reloading the configuration")
 
+    def status(self, status: str) -> None:
+        """A new ``STATUS=`` line (``systemctl status`` shows it) when it differs from the
+        last one, unless the shutdown has begun: "shutting down" stays while models stop."""
+        if not self._stopping and status != self._status:
+            self._status = status
+            self.send(STATUS=status)
+
     def stopping(self) -> None:
+        self._stopping = True
         self.send(STOPPING=1, STATUS="shutting down")
 
     def close(self) -> None:

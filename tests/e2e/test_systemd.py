@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.e2e.harness import REPO, start_proxy, stop_proxy
-from tests.e2e.test_proxy import config
+from tests.e2e.test_proxy import chat, config
 
 CONFIG = config(
     """
@@ -47,18 +47,24 @@ async def test_ready_watchdog_reload_and_stop_are_notified(
     proxy = await start_proxy(nursery, CONFIG, tmp_path, env=env)
     try:
         # READY=1 comes once the listener is bound (start_proxy saw the listening line).
-        assert (await next_message(sock))["READY"] == "1"
+        assert await next_message(sock) == {"READY": "1", "STATUS": "serving; models ready: none"}
         async with proxy.client() as client:
             assert (await client.get("/health")).status_code == 200
         # Pings every 0.1 s: several arrive, and nothing else in between.
         for _ in range(3):
             assert await next_message(sock, skip_watchdog=False) == {"WATCHDOG": "1"}
 
+        async with proxy.client() as client:
+            response = await client.post("/v1/chat/completions", json=chat("alpha"))
+            assert response.status_code == 200
+        assert await next_message(sock) == {"STATUS": "serving; models ready: alpha"}
+
         proxy.process.send_signal(signal.SIGHUP)
         reloading = await next_message(sock)
         assert reloading["RELOADING"] == "1"
         assert int(reloading["MONOTONIC_USEC"]) > 0
-        assert (await next_message(sock))["READY"] == "1"
+        ready = await next_message(sock)
+        assert ready == {"READY": "1", "STATUS": "serving; models ready: alpha"}
         await proxy.output.wait_for(r"reloaded .* \(SIGHUP\)")
 
         proxy.process.send_signal(signal.SIGTERM)

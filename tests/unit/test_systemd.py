@@ -46,8 +46,14 @@ def test_ready_reloading_stopping_reach_the_socket(listener: tuple[socket.socket
     after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
     assert reloading["RELOADING"] == "1"
     assert before <= int(reloading["MONOTONIC_USEC"]) <= after
+    notifier.status("serving; models ready: alpha")
+    notifier.status("serving; models ready: alpha")  # the same again: not sent
+    assert fields(sock.recv(4096)) == {"STATUS": "serving; models ready: alpha"}
     notifier.stopping()
-    assert fields(sock.recv(4096))["STOPPING"] == "1"
+    assert fields(sock.recv(4096)) == {"STOPPING": "1", "STATUS": "shutting down"}
+    notifier.status("serving; models ready: none")  # the shutdown's status stays
+    notifier.ready()  # a last datagram to show that the status above was not sent
+    assert fields(sock.recv(4096))["READY"] == "1"
     notifier.close()
 
 
