@@ -11,6 +11,7 @@ Task tree::
     ├── hypercorn.trio.serve            one task per connection, the Application per request
     ├── Reloader.watch                  with --watch-config: reload when the file changes
     ├── Reloader.reload (per SIGHUP)    validate, then Router.reconfigure (SPEC §3.7)
+    ├── Notifier.watchdog               under systemd with WatchdogSec=: WATCHDOG=1 pings
     └── signals                         SIGINT/SIGTERM → graceful shutdown (SPEC §8.3)
 
 Shutdown: stop accepting, fail waiting requests with 503, give requests being served up
@@ -35,6 +36,7 @@ import attrs
 import hypercorn.trio
 import trio
 
+from llamaswap._systemd import Notifier
 from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
 from llamaswap.errors import ListenError, LlamaSwapError, RequestError, only_cause
 from llamaswap.http import server as http_server
@@ -190,6 +192,23 @@ def _close_upstream_connections(router: Router, pool: UpstreamPool, event: Route
             pool.close_idle(address)
 
 
+def _serving(router: Router, changed: ModelStateChanged | None = None) -> str:
+    """The ``STATUS=`` line systemd shows while serving: the models ready."""
+    ready = []
+    for model in router.known_models():
+        state = router.statistics(model).state
+        if changed is not None and model == changed.model:
+            state = changed.state
+        if state is ModelState.READY:
+            ready.append(model)
+    return f"serving; models ready: {', '.join(ready) or 'none'}"
+
+
+def _notify_models(router: Router, notifier: Notifier, event: RouterEvent) -> None:
+    assert isinstance(event, ModelStateChanged)
+    notifier.status(_serving(router, event))
+
+
 async def _end_live_streams(hub: EventHub, logs: Logs) -> None:
     """After the models have stopped (so their clients saw that too), end every stream."""
     hub.close()
@@ -286,6 +305,10 @@ async def serve(
         await nursery.start(router.run)
         nursery.start_soon(app.model_server.run)
         await nursery.start(app.props.run)
+        notifier = Notifier.from_env()
+        nursery.start_soon(notifier.watchdog)
+        if notifier.enabled:
+            router.observe(partial(_notify_models, router, notifier), ModelStateChanged)
         stop_accepting = trio.Event()
         server_config = _hypercorn_config(listen, lambda: router.config, tls)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -309,8 +332,18 @@ async def serve(
             for model in config.hooks.on_startup.preload:
                 nursery.start_soon(_preload, router, config.resolve(model) or model)
             task_status.started(urls)
+            notifier.ready(_serving(router))
+
+            async def reload_notified() -> None:
+                assert app.reloader is not None
+                notifier.reloading()
+                try:
+                    await app.reloader.reload("SIGHUP")
+                finally:
+                    notifier.ready(_serving(router))
 
             async def shut_down() -> None:
+                notifier.stopping()
                 if app.reloader is not None:
                     app.reloader.close()
                 stop_accepting.set()
@@ -339,7 +372,7 @@ async def serve(
                     if app.reloader is None:
                         logger.warning("received SIGHUP: no config file to reload from")
                     else:
-                        nursery.start_soon(app.reloader.reload, "SIGHUP")
+                        nursery.start_soon(reload_notified)
                 else:
                     logger.info("received %s: shutting down", name)
                     stopping = True
