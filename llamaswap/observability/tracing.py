@@ -234,6 +234,8 @@ class RequestTrace:
     ) -> None:
         """The request ended at ``end`` as ``record`` says: its phases become spans, each
         span ends, and the batch processor has them (sent from its thread)."""
+        if not self.span.is_recording():
+            return  # not sampled: nothing is kept, so nothing is built
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
 

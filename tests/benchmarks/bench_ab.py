@@ -39,7 +39,7 @@ from tests.e2e.harness import free_port_base
 BLOCKS = 10
 
 
-async def run(other: Path, requests: int, trace: bool) -> None:
+async def run(other: Path, requests: int, trace: bool, ratio: float | None) -> None:
     this = "this checkout, traced" if trace else "this checkout"
     sources = {this: REPO, str(other): other}
     async with AsyncExitStack() as stack:
@@ -49,6 +49,8 @@ async def run(other: Path, requests: int, trace: bool) -> None:
 
             collector = stack.enter_context(running_collector())
             tracing = f'\n[tracing]\nendpoint = "{collector.url}"\n'
+            if ratio is not None:
+                tracing += f"sampleRatio = {ratio}\n"
         proxies: list[tuple[str, int, Client]] = []
         for index, (name, source) in enumerate(sources.items()):
             config = CONFIG.format(port=free_port_base() + 100 * index)
@@ -94,8 +96,9 @@ def main() -> None:
     parser.add_argument("other", type=Path, help="another llamaswap checkout")
     parser.add_argument("--requests", type=int, default=3000, help="per proxy")
     parser.add_argument("--trace", action="store_true", help="this checkout sends traces")
+    parser.add_argument("--sample-ratio", type=float, help="with --trace: its sampleRatio")
     options = parser.parse_args()
-    trio.run(run, options.other.resolve(), options.requests, options.trace)
+    trio.run(run, options.other.resolve(), options.requests, options.trace, options.sample_ratio)
 
 
 if __name__ == "__main__":
