@@ -186,3 +186,23 @@ def test_without_tracing_nothing_of_opentelemetry_is_imported_and_traceparent_pa
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert not survivors(marker)
     assert outcome == {"status": 200, "received": TRACEPARENT, "modules": []}
+
+
+async def test_a_collector_that_is_down_costs_spans_not_requests_nor_a_hung_exit(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    with running_collector() as gone:
+        url = gone.url  # a port nobody listens on once the block ends
+    text = config(MODELS) + f'\n[tracing]\nendpoint = "{url}"\n'
+    proxy = await start_proxy(nursery, text, tmp_path)
+    try:
+        async with proxy.client() as client:
+            with trio.fail_after(30):
+                response = await client.post("/v1/chat/completions", json=chat("one"))
+                assert response.status_code == 200
+        # The spans still queued are tried for at most TRACE_FLUSH (5 s), then given up
+        # (unbounded, the exporter's flush and then its shutdown would take 10 s each).
+        with trio.fail_after(12):
+            assert await proxy.terminate() == 0
+    finally:
+        await stop_proxy(proxy)
