@@ -6,6 +6,7 @@ Task tree::
     ├── open_lifeline                   guard process: models die with llamaswap
     ├── ActivityWriter.run              with [store]: activity records to SQLite, in batches
     │                                   (in a nursery around the rest: it stops last)
+    │   (with [tracing]: OpenTelemetry's span exporter thread, flushed at the end, bounded)
     ├── EventHub.run                    the coalesced events of /api/events (the queue)
     ├── Router.run                      supervisors (one task per model) + swap nursery
     ├── hypercorn.trio.serve            one task per connection, the Application per request
@@ -37,7 +38,7 @@ import hypercorn.trio
 import trio
 
 from llamaswap._systemd import Notifier
-from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config
+from llamaswap.config.model import REQUEST_HEAD_TIMEOUT, Config, TracingConfig
 from llamaswap.errors import ListenError, LlamaSwapError, RequestError, only_cause
 from llamaswap.http import server as http_server
 from llamaswap.http.server import ServerConfig
@@ -49,6 +50,7 @@ from llamaswap.observability import (
     Logs,
     capture_logs,
 )
+from llamaswap.observability.tracing import Tracing, open_tracing
 from llamaswap.process import (
     HttpProbe,
     LogRing,
@@ -231,6 +233,26 @@ async def _writing(writer: ActivityWriter | None) -> AsyncIterator[None]:
         nursery.cancel_scope.cancel(reason="shut down: every request is recorded")
 
 
+#: Seconds the spans still queued at the end may take to reach the collector: an
+#: unreachable one must not hold llamaswap's exit.
+TRACE_FLUSH = 5.0
+
+
+@contextlib.asynccontextmanager
+async def _traces(config: TracingConfig | None) -> AsyncIterator[Tracing | None]:
+    """The tracing ``config`` asks for (None: off) around the block; after it, the spans
+    still queued are sent from a worker thread, for at most ``TRACE_FLUSH`` seconds."""
+    tracing = open_tracing(config)
+    try:
+        yield tracing
+    finally:
+        if tracing is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(TRACE_FLUSH):
+                await trio.to_thread.run_sync(
+                    partial(tracing.close, TRACE_FLUSH), abandon_on_cancel=True
+                )
+
+
 async def serve(
     config: Config,
     *,
@@ -249,7 +271,8 @@ async def serve(
     are accepted.
 
     Raises:
-        ConfigError: ``store.path`` cannot be opened as the activity store.
+        ConfigError: ``store.path`` cannot be opened as the activity store, or
+            ``[tracing]`` asks for traces without the ``otel`` extra installed.
         ListenError: ``listen`` is not ``HOST:PORT`` or cannot be listened on (in use,
             not allowed).
     """
@@ -270,6 +293,7 @@ async def serve(
     own_log = LogRing()
     async with (
         capture_logs(own_log),  # llamaswap's own log, for /logs (removed when serve ends)
+        _traces(config.tracing) as tracing,  # its last spans sent after every request ended
         _writing(writer),  # before anything that records, stopped after all of it
         open_lifeline() as lifeline,
         # No read or write timeout: a slow first token or a long pause is normal.
@@ -299,6 +323,7 @@ async def serve(
             activity=activity,
             store=store,
             listen_hosts=tuple(listen_address(address)[0] for address in listen),
+            tracing=tracing,
         )
         await nursery.start(hub.run)
         await nursery.start(partial(resources.run, router.pids))

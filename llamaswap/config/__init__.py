@@ -29,6 +29,7 @@ from .model import SchedulerSection as SchedulerSection
 from .model import SchedulerSettings as SchedulerSettings
 from .model import SerialSettings as SerialSettings
 from .model import StoreConfig as StoreConfig
+from .model import TracingConfig as TracingConfig
 from .model import toml_key as toml_key
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "SchedulerSettings",
     "SerialSettings",
     "StoreConfig",
+    "TracingConfig",
     "expand_sets",
     "load_config",
     "loads_config",

@@ -160,8 +160,9 @@ def _bounded(field: attrs.Attribute[Any]) -> Any:
     if is_mapping(field.type):
         key, value = get_args(field.type)
         return Mapping[key, Annotated[value, bounds]]  # type: ignore[valid-type]
-    if get_args(field.type) == (int, type(None)):  # TOML has no null: the number itself
-        return Annotated[int, bounds]
+    args = get_args(field.type)
+    if args in ((int, type(None)), (float, type(None))):  # TOML has no null: the number
+        return Annotated[args[0], bounds]
     return Annotated[field.type, bounds]
 
 

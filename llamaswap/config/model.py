@@ -52,6 +52,7 @@ __all__ = [
     "SerialSettings",
     "StoreConfig",
     "Timeouts",
+    "TracingConfig",
     "UpstreamSection",
     "key",
     "toml_key",
@@ -96,6 +97,8 @@ CLIENT_WRITE_TIMEOUT = Bounds(1, 3_600, "a duration", "seconds", "1 hour", zero=
 STORE_MAX_ROWS = Bounds(1, 10_000_000, "a number of records")
 #: ``selectors.NAME.settings.spillover``: requests per target before the next one.
 SPILLOVER = Bounds(1, 10_000, "a number of requests")
+#: ``tracing.sampleRatio``: the share of new traces kept.
+SAMPLE_RATIO = Bounds(0, 1, "a fraction of traces")
 STORE_MAX_AGE = Bounds(60, 315_360_000, "a duration", "seconds", "1 minute to 3650 days")
 
 # How long a client may take to send its request: the proxy's own limits, not TOML keys.
@@ -425,6 +428,24 @@ class StoreConfig:
 
 
 @attrs.frozen
+class TracingConfig:
+    """``[tracing]``: OpenTelemetry traces of proxied requests, sent over OTLP/HTTP
+    (docs/tracing.md). The table turns them on; ``enabled = false`` keeps it, off.
+
+    ``endpoint``: the collector's base URL (``/v1/traces`` is added); None: what the
+    standard ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` say,
+    else ``http://localhost:4318``. ``service_name``: None: ``OTEL_SERVICE_NAME``, else
+    ``llamaswap``. ``sample_ratio``: the share of traces begun here that are kept (a client's
+    ``traceparent`` decides for its own); None: ``OTEL_TRACES_SAMPLER``, else all.
+    """
+
+    enabled: bool = True
+    endpoint: str | None = None
+    service_name: str | None = None
+    sample_ratio: float | None = attrs.field(default=None, metadata=within(SAMPLE_RATIO))
+
+
+@attrs.frozen
 class DeviceConfig:
     """``[devices.NAME]``: a device's memory budget, declared or corrected.
 
@@ -493,6 +514,8 @@ class Config:
     profiles: Mapping[str, ProfileConfig] = attrs.field(factory=dict)
     selectors: Mapping[str, SelectorConfig] = attrs.field(factory=dict)
     store: StoreConfig | None = None
+    #: OpenTelemetry traces; None (no ``[tracing]`` table): off.
+    tracing: TracingConfig | None = None
     #: Origins whose browser pages may call llamaswap (CORS); ``"*"``: any, on the
     #: inference routes only (the management API answers only origins listed by name).
     cors_origins: tuple[str, ...] = ("*",)

@@ -8,6 +8,7 @@ so a user sees every problem in a single run of ``check-config``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 import urllib.parse
@@ -71,6 +72,7 @@ def validate(
     _check_profile_members(config, model_ids, names, problems)
     _check_peers(config, problems)
     _check_store(config, problems)
+    _check_tracing(config, problems)
     _check_slot_save_paths(config, problems)
     _check_devices(config, problems)
     _check_node_name(config, problems)
@@ -465,6 +467,35 @@ def _check_peers(config: Config, problems: list[Problem]) -> None:
         for index, name in enumerate(peer.models):
             if not name:
                 problems.append(Problem((*base, "models", index), "expected a model name, got ''"))
+
+
+#: What ``[tracing]`` needs installed, and how to install it.
+OTEL_MISSING = (
+    "traces need the OpenTelemetry SDK and its OTLP exporter, which are not installed: "
+    "pip install 'llamaswap[otel]' (or remove the [tracing] table, or set enabled = false)"
+)
+
+
+def _check_tracing(config: Config, problems: list[Problem]) -> None:
+    """The collector's URL, and the optional extra that sends traces there: a config that
+    asks for traces is refused where they could not be sent (not found at the first request)."""
+    tracing = config.tracing
+    if tracing is None or not tracing.enabled:
+        return
+    if tracing.endpoint is not None:
+        _check_url(tracing.endpoint, ("tracing", "endpoint"), problems)
+    if not otel_installed():
+        problems.append(Problem(("tracing",), OTEL_MISSING))
+
+
+def otel_installed() -> bool:
+    """Whether ``llamaswap[otel]`` is installed: looked up, not imported (which takes time
+    and is only done once traces are on: observability/tracing.py)."""
+    try:
+        found = importlib.util.find_spec("opentelemetry.sdk") is not None
+        return found and importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
+    except ModuleNotFoundError:  # no ``opentelemetry`` package at all
+        return False
 
 
 def _check_store(config: Config, problems: list[Problem]) -> None:

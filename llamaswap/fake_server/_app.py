@@ -101,6 +101,17 @@ def _with_cors(send: ASGISendCallable, origin: bytes) -> ASGISendCallable:
     return send_with_cors
 
 
+def _with_header(send: ASGISendCallable, name: bytes, value: bytes) -> ASGISendCallable:
+    """``send`` with one more field in the response's head."""
+
+    async def send_with_header(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], (name, value)]}
+        await send(message)
+
+    return send_with_header
+
+
 def say(line: str) -> None:
     """One flushed stdout line; a vanished reader must not take a request down with it."""
     with contextlib.suppress(OSError, ValueError):
@@ -170,6 +181,9 @@ class FakeServer:
             await self._echo(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
+        traceparent = next((v for k, v in scope["headers"] if k == b"traceparent"), None)
+        if traceparent is not None:  # shown back, so tests see what reached the model server
+            send = _with_header(send, b"x-fake-traceparent", traceparent)
         origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
         allowed = self.options.cors_origins
         if origin is not None and ("*" in allowed or origin.decode("latin-1") in allowed):

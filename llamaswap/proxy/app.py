@@ -54,6 +54,7 @@ from llamaswap.observability import (
 from llamaswap.observability.estimates import Estimator
 from llamaswap.observability.model_server import ModelServerMetrics
 from llamaswap.observability.props import ServerProps
+from llamaswap.observability.tracing import Tracing
 from llamaswap.reloader import Reloader, ReloadResult
 from llamaswap.router import Router
 from llamaswap.router.events import ModelForgotten, ModelStateChanged
@@ -288,6 +289,7 @@ def create_app(
     activity: ActivityLog | None = None,
     store: ActivityStore | None = None,
     listen_hosts: tuple[str, ...] = (),
+    tracing: Tracing | None = None,
 ) -> Application:
     """The whole HTTP side of ``router``: routes, forwarding, metrics and activity.
 
@@ -298,6 +300,7 @@ def create_app(
     ``store``: the opened SQLite store that ``GET /api/activity`` reads as well (its
     writer, listening to ``activity``, is ``serve()``'s). ``listen_hosts``: the hosts
     of the addresses served on; a name there is a ``Host`` requests may carry (site.py).
+    ``tracing``: traces of the forwarded requests (``[tracing]``), ``serve()``'s to close.
     """
     metrics = Metrics(router)
     router.observe(metrics.on_event, ModelStateChanged, ModelForgotten)
@@ -547,5 +550,5 @@ def create_app(
     gpu.register(quart, router)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
-    forwarder = Forwarder(router, pool, recorder, estimator=estimator)
+    forwarder = Forwarder(router, pool, recorder, estimator=estimator, tracing=tracing)
     return Application(quart, forwarder, reloader, router, model_server, props, listen_hosts)

@@ -24,6 +24,7 @@ from llamaswap.observability import (
     UsageTap,
 )
 from llamaswap.observability.activity import iso_time
+from llamaswap.observability.tracing import RequestTrace
 from llamaswap.router.lease import Lease
 from llamaswap.schedulers import band_of
 
@@ -47,6 +48,7 @@ class Exchange:
     tap: UsageTap | None = None
     first_byte: float | None = None  # when the model server's answer began to arrive
     capture: CaptureTap | None = None  # set when its model captures (``capture``)
+    trace: RequestTrace | None = None  # set when ``[tracing]`` is on
     metadata: dict[str, Any] = attrs.field(factory=dict)
 
     def answer(self, data: bytes) -> None:
@@ -119,6 +121,8 @@ class Recorder:
         if exchange.capture is not None:  # there before the record's event says so
             self.captures.add(exchange.capture.finish(record.id))
         self.activity.add(record)
+        if exchange.trace is not None:
+            exchange.trace.finish(record, ticket, first_byte, exchange.started + duration)
         metrics = self.metrics
         series = metrics.series
         if queue_wait is not None:

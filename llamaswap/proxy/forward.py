@@ -62,6 +62,7 @@ from llamaswap.http.headers import (
 )
 from llamaswap.observability import CaptureTap, UsageTap
 from llamaswap.observability.estimates import Estimator
+from llamaswap.observability.tracing import Tracing
 from llamaswap.process import ModelState
 from llamaswap.router import Router
 from llamaswap.router.lease import Lease
@@ -168,7 +169,7 @@ class Forwarder:
     """Handles the inference routes (SPEC §4.1) and ``/upstream/{model}/{path}``.
 
     ``estimator``: the estimates that a 429's ``Retry-After`` and the loading stream read
-    (one of its own by default)."""
+    (one of its own by default). ``tracing``: each request's trace, when ``[tracing]`` is on."""
 
     def __init__(
         self,
@@ -177,10 +178,12 @@ class Forwarder:
         recorder: Recorder,
         *,
         estimator: Estimator | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._router = router
         self._pool = pool
         self._recorder = recorder
+        self._tracing = tracing
         self._estimator = estimator if estimator is not None else Estimator(router)
 
     @property
@@ -195,6 +198,13 @@ class Forwarder:
         self, route: Route, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         exchange = Exchange(scope["method"], scope["path"])
+        if self._tracing is not None:
+            exchange.trace = self._tracing.begin(
+                scope["headers"],
+                _span_name(route, scope),
+                exchange.started,
+                int(exchange.wall_time.timestamp() * 1e9),
+            )
         async with trio.open_nursery() as nursery:
             # It reads ``exchange``, not ``reply``: the body holds this function and the
             # reply holds the body, a cycle that only the garbage collector would free,
@@ -436,6 +446,8 @@ class Forwarder:
         if upstream.translation is not None:  # the answer is read here: no compression
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
+        if exchange.trace is not None:
+            _trace_sent(exchange, headers)
         content: bytes | AsyncIterator[bytes] | None
         if upstream.payload is None:
             content = body
@@ -483,6 +495,8 @@ class Forwarder:
             if k not in (b"accept-encoding", b"content-length")
         ]
         headers.append((b"accept-encoding", b"identity"))  # its events are read here
+        if exchange.trace is not None:
+            _trace_sent(exchange, headers)
         paused = 0.0
         try:
             while not await self._segment(exchange, upstream, headers, reply, generation, lease):
@@ -673,6 +687,22 @@ class _Upstream:
     extra_headers: list[tuple[bytes, bytes]]
     translation: anthropic.Translation | None = None  # Messages sent as a chat completion
     timeouts: Timeouts | None = None  # the model's or peer's; None: the pool's own
+
+
+def _span_name(route: Route, scope: HTTPScope) -> str:
+    """A request span's name: its method and route (``/upstream``'s without the rest of its
+    path, which is the model's and the client's to choose)."""
+    if route.model_in is not None:
+        return f"{scope['method']} {scope['path']}"
+    return f"{scope['method']} {'/comfyui' if route.comfyui else '/upstream/{model}'}"
+
+
+def _trace_sent(exchange: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
+    """The request goes upstream: its trace's upstream span begins, named in ``headers``'
+    ``traceparent``."""
+    assert exchange.trace is not None
+    granted = None if exchange.lease is None else exchange.lease.ticket.granted_at
+    exchange.trace.sent(headers, trio.current_time(), granted)
 
 
 async def _redirect_to_slash(scope: HTTPScope, reply: _Reply) -> None:

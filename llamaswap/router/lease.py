@@ -54,6 +54,8 @@ class RequestInfo:
     route: str = ""  # e.g. "POST /v1/chat/completions"
     preemptions: int = 0  # how often it was checkpointed so far
     paused_at: float | None = None  # when it was last checkpointed
+    granted_at: float | None = None  # when it was (last) granted
+    joined_load_at: float | None = None  # when it first waited for its model's load
 
     @property
     def paused(self) -> bool:
@@ -93,6 +95,8 @@ def ticket_info(ticket: Ticket, *, client: str | None = None, route: str = "") -
         route=route,
         preemptions=ticket.preemptions,
         paused_at=ticket.paused_at,
+        granted_at=ticket.granted_at,
+        joined_load_at=ticket.joined_load_at,
     )
 
 

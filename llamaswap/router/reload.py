@@ -19,8 +19,9 @@ __all__ = ["ConfigChanges", "diff_config", "process_definition"]
 
 #: Top-level keys whose change only takes effect when llamaswap starts again (the startup
 #: hook's preload list runs once, at start; the activity store is opened once, at start;
-#: the console log is set up once, at start, with ``--log-level`` over ``logLevel``).
-_AT_START = {"hooks", "store", "log_level", "log_to_stdout", "log_time_format"}
+#: the console log is set up once, at start, with ``--log-level`` over ``logLevel``; the
+#: tracer and its exporter are made once, at start).
+_AT_START = {"hooks", "store", "tracing", "log_level", "log_to_stdout", "log_time_format"}
 
 
 def process_definition(model: ModelConfig) -> tuple[Any, ...]:

@@ -103,6 +103,8 @@ class Ticket:
         score: under ``serial``, the score at the pick; ``None`` if never picked.
         dispatched_at: when it left the queue (granted, or its load started or joined).
         granted_at: when it was granted (its serving time is counted from then).
+        joined_load_at: when it first waited for its model's load (a trace's load span);
+            ``None`` if its model was ready whenever it was dispatched.
         preemptible: its generation can be checkpointed and resumed (the forwarder knows
             from its route and body; ``serial`` with ``preempt`` reads it).
         preemptions: how often it was preempted so far.
@@ -125,6 +127,7 @@ class Ticket:
     score: float | None = None
     dispatched_at: float | None = None
     granted_at: float | None = None
+    joined_load_at: float | None = None
     preemptible: bool = False
     preemptions: int = 0
     preempting: bool = False

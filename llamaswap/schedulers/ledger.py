@@ -287,6 +287,8 @@ class Ledger:
 
     def join(self, ticket: Ticket, swap: Swap) -> None:
         self.mark_dispatched(ticket)
+        if ticket.joined_load_at is None:
+            ticket.joined_load_at = self.world.now()
         ticket.state = RequestState.LOADING
         swap.waiters.append(ticket)
         self._outbox.append(JoinSwap(ticket, swap))

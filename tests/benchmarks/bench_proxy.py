@@ -1,6 +1,6 @@
 """llamaswap against the physical limit: the same model server, direct and through the proxy.
 
-    python tests/benchmarks/bench_proxy.py [--quick]
+    python tests/benchmarks/bench_proxy.py [--quick] [--trace]
 
 One run starts a real llamaswap (fifo, debug log) with three fake model servers, then
 measures side by side, alternating direct and proxied requests to the *same* server
@@ -11,6 +11,9 @@ process so that drift hits both equally:
 * readiness detection: from the server's own "healthy at T" to the first request it is
   forwarded (both stamps printed by the server itself);
 * proxy memory: RSS idle, and with 1 000 requests waiting in the queue (all answered).
+
+``--trace``: llamaswap sends OpenTelemetry traces (``[tracing]``, the ``otel`` extra) to a
+collector in this process, to measure what tracing costs.
 
 The client is a minimal HTTP/1.1 client on raw Trio sockets (h11 for parsing), the same
 for both paths, so what differs is the proxy. Prints a table with ratios; the reference
@@ -332,10 +335,21 @@ async def running_proxy(
             await stop_proxy(proxy)
 
 
-async def run(quick: bool) -> None:
+async def run(quick: bool, trace: bool) -> None:
+    if not trace:
+        await measure(quick, "")
+        return
+    from tests.otel_collector import running_collector
+
+    with running_collector() as collector:
+        await measure(quick, f'\n[tracing]\nendpoint = "{collector.url}"\n')
+    print(f"spans received by the collector: {len(collector.spans)}")
+
+
+async def measure(quick: bool, tracing: str) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    config = CONFIG.format(port=free_port_base())
+    config = CONFIG.format(port=free_port_base()) + tracing
     models = loads_config(config).models
     direct = {m: models[m].proxy for m in ("fast", "paced")}
     results: list[tuple[str, str, str, str]] = []
@@ -414,7 +428,9 @@ async def run(quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
-    trio.run(run, parser.parse_args().quick)
+    parser.add_argument("--trace", action="store_true", help="llamaswap sends traces")
+    options = parser.parse_args()
+    trio.run(run, options.quick, options.trace)
 
 
 if __name__ == "__main__":
