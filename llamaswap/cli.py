@@ -7,6 +7,7 @@ mistyped command answer at once instead of after importing the server.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -17,7 +18,10 @@ from llamaswap.keypaths import did_you_mean
 __all__ = ["main"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
-SUBCOMMANDS = ("check-config", "import-config", "simulate", "gateway")
+SUBCOMMANDS = ("quickstart", "check-config", "import-config", "simulate", "gateway")
+#: The example config that ``llamaswap quickstart`` serves, installed with the package
+#: (``examples/quickstart.toml`` in a checkout links to it).
+QUICKSTART_CONFIG = os.path.join(os.path.dirname(__file__), "quickstart.toml")
 #: Words a llama-swap user may try for import-config.
 MIGRATE_WORDS = frozenset({"migrate", "convert", "import"})
 IMPORT_CONFIG = "llamaswap import-config"
@@ -44,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llamaswap",
         description="A model-swapping, priority-scheduling proxy for local AI servers.",
-        epilog="Validate a config without serving: llamaswap check-config PATH. "
+        epilog="Try it with fake model servers: llamaswap quickstart. "
+        "Validate a config without serving: llamaswap check-config PATH. "
         "Translate a llama-swap config: llamaswap import-config FILE -o config.toml. "
         "Try a scheduler on a workload in simulated time: "
         "llamaswap simulate --config PATH --workload W.toml. "
@@ -58,6 +63,35 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="TOML config file, or a directory whose *.toml files are merged into one",
     )
+    _serving_options(parser)
+    # argparse's usage of the options above, then the subcommands it does not know of.
+    serving = parser.format_usage().removeprefix("usage: ").strip()
+    commands = " | ".join(SUBCOMMANDS)
+    parser.usage = f"{serving}\n       llamaswap {commands} ... (each takes --help)"
+    return parser
+
+
+def _quickstart_parser() -> argparse.ArgumentParser:
+    """``llamaswap quickstart``: the server's options, with the bundled example as config."""
+    parser = argparse.ArgumentParser(
+        prog="llamaswap quickstart",
+        description="Serve the bundled example config: three fake model servers (no GPU, "
+        "no model files), the dashboard at /ui/.",
+        epilog="The fake servers run with the Python that runs llamaswap. "
+        "Start your own config from the example: "
+        "llamaswap quickstart --print-config > config.toml",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the example config and exit instead of serving it",
+    )
+    _serving_options(parser)
+    return parser
+
+
+def _serving_options(parser: argparse.ArgumentParser) -> None:
+    """The options of serving, shared by ``llamaswap --config`` and ``llamaswap quickstart``."""
     parser.add_argument(
         "--listen",
         action="append",
@@ -80,15 +114,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help="debug, info, warn or error; overrides logLevel from the config",
     )
-    # argparse's usage of the options above, then the subcommands it does not know of.
-    serving = parser.format_usage().removeprefix("usage: ").strip()
-    commands = " | ".join(SUBCOMMANDS)
-    parser.usage = f"{serving}\n       llamaswap {commands} ... (each takes --help)"
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["quickstart"]:
+        parser = _quickstart_parser()
+        options = parser.parse_args(args[1:])
+        if options.print_config:
+            with open(QUICKSTART_CONFIG, encoding="utf-8") as example:
+                sys.stdout.write(example.read())
+            sys.exit(0)
+        sys.exit(_serve(parser, options, QUICKSTART_CONFIG))
     if args[:1] == ["check-config"]:
         from llamaswap.config.command import main as check_config
 
@@ -115,16 +152,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     parser = _parser()
     options = parser.parse_args(args)  # --version and --help end here
+    sys.exit(_serve(parser, options, options.config))
+
+
+def _serve(parser: argparse.ArgumentParser, options: argparse.Namespace, config: str) -> int:
+    """Serve ``config`` with the serving options; the exit status."""
     if (options.tls_cert is None) != (options.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     from llamaswap._run import run
 
-    sys.exit(
-        run(
-            options.config,
-            listen=options.listen or [DEFAULT_LISTEN],
-            tls_files=None if options.tls_cert is None else (options.tls_cert, options.tls_key),
-            watch_config=options.watch_config,
-            log_level=options.log_level,
-        )
+    return run(
+        config,
+        listen=options.listen or [DEFAULT_LISTEN],
+        tls_files=None if options.tls_cert is None else (options.tls_cert, options.tls_key),
+        watch_config=options.watch_config,
+        log_level=options.log_level,
     )

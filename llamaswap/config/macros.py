@@ -1,9 +1,12 @@
 """Macro expansion on the raw TOML data, before it becomes config objects.
 
-Macros are written ``${name}`` in any string value. There are four kinds:
+Macros are written ``${name}`` in any string value. There are five kinds:
 
 * user macros from ``[macros]``; each may use macros defined above it and ``${env.NAME}``;
 * ``${env.NAME}``, an environment variable (unset is an error);
+* ``${PYTHON}``, the interpreter running llamaswap (``sys.executable``), so that a ``cmd``
+  starts a Python module of llamaswap's own environment (the fake model server) even where
+  ``python`` on ``PATH`` is another one, as it is after ``pipx install``;
 * ``${MODEL_ID}`` and ``${PORT}``, only inside ``[models.ID]``; a model gets a port only when
   its ``cmd`` uses ``${PORT}``, counting up from ``startPort`` in sorted model-ID order;
 * ``${PID}``, only in ``cmdStop``, left in place for the supervisor to fill at stop time.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import sys
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,7 +44,7 @@ __all__ = ["MAX_EXPANDED_LENGTH", "PortProbe", "expand_macros", "port_free"]
 MAX_EXPANDED_LENGTH = 65_536
 _TOO_LONG = "macros may expand to at most that"
 
-_BUILTINS = ("PORT", "MODEL_ID", "PID")
+_BUILTINS = ("PORT", "MODEL_ID", "PID", "PYTHON")
 _REF = re.compile(r"\$\{([^}]*)\}")
 _MACRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
@@ -372,6 +376,8 @@ def _user_or_env(
     ref = match.group(1)
     if ref in macros:
         return macros[ref]
+    if ref == "PYTHON":
+        return sys.executable
     if ref in invalid:
         return match.group(0)
     if ref.startswith("env.") and len(ref) > 4:

@@ -41,9 +41,9 @@ print("imported:", [module for module in server if module in sys.modules])
 
 
 def test_version_and_help_answer_without_importing_the_server() -> None:
-    for flag in ("--version", "--help"):
+    for flags in (["--version"], ["--help"], ["quickstart", "--help"]):
         done = subprocess.run(
-            [sys.executable, "-c", HEAVY_IMPORTS, flag],
+            [sys.executable, "-c", HEAVY_IMPORTS, *flags],
             capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
         )  # fmt: skip
         assert done.stdout.splitlines()[-1] == "imported: []", done.stdout

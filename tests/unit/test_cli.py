@@ -4,10 +4,12 @@ In-process; tests/e2e/test_cli.py runs it as a program."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llamaswap._serve import listen_address
-from llamaswap.cli import main
+from llamaswap.cli import QUICKSTART_CONFIG, main
 from llamaswap.errors import ListenError
 
 HINT = "; choose another address with --listen HOST:PORT"
@@ -83,12 +85,13 @@ def test_help_names_every_subcommand(
     out = capsys.readouterr().out
     usage = out[: out.index("\n\n")]
     assert usage.endswith(
-        "\n       llamaswap check-config | import-config | simulate | gateway ... "
+        "\n       llamaswap quickstart | check-config | import-config | simulate | gateway ... "
         "(each takes --help)"
     )
     assert usage.startswith("usage: llamaswap [-h] [--version] --config PATH")
     out = " ".join(out.split())
     for command in (
+        "llamaswap quickstart",
         "llamaswap check-config",
         "llamaswap import-config",
         "llamaswap simulate",
@@ -124,7 +127,7 @@ def test_an_unknown_command_is_an_error_naming_the_commands(
     assert out == ""
     assert err.splitlines() == [
         f"llamaswap: unknown command {args[0]!r}{hint}",
-        "llamaswap's commands are check-config, import-config, simulate, gateway "
+        "llamaswap's commands are quickstart, check-config, import-config, simulate, gateway "
         "(each takes --help); "
         "it serves with: llamaswap --config PATH",
     ]
@@ -135,3 +138,31 @@ def test_the_main_form_still_takes_its_options_first(capsys: pytest.CaptureFixtu
         main(["--config", "/no/such/config.toml"])
     assert exited.value.code == 2
     assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_quickstart_prints_the_bundled_config(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["quickstart", "--print-config"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed == Path(QUICKSTART_CONFIG).read_text(encoding="utf-8")
+    assert "${PYTHON} -m llamaswap.fake_server" in printed  # whatever python is on PATH
+
+
+def test_quickstart_takes_the_servers_options(capsys: pytest.CaptureFixture[str]) -> None:
+    # A bad --listen is refused as the server refuses it: the options reach run().
+    with pytest.raises(SystemExit) as exited:
+        main(["quickstart", "--listen", "127.0.0.1:99999"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("llamaswap: cannot listen on 127.0.0.1:99999: ")
+    with pytest.raises(SystemExit) as exited:
+        main(["quickstart", "--tls-cert", "cert.pem"])
+    assert exited.value.code == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+
+
+def test_the_checkouts_quickstart_example_is_the_bundled_one() -> None:
+    """examples/quickstart.toml (README, scripts/quickstart) cannot drift from the file the
+    wheel carries: it is a link to it."""
+    example = Path(__file__).parents[2] / "examples" / "quickstart.toml"
+    assert example.resolve() == Path(QUICKSTART_CONFIG).resolve()

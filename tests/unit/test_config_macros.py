@@ -1,7 +1,9 @@
-"""Macro expansion: user macros, ${env.NAME}, ${MODEL_ID}, ${PORT} allocation, ${PID}."""
+"""Macro expansion: user macros, ${env.NAME}, ${PYTHON}, ${MODEL_ID}, ${PORT} allocation,
+${PID}."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from collections.abc import Mapping
 
@@ -78,6 +80,7 @@ def test_macro_using_itself_is_an_error() -> None:
             "'MODEL_ID' is a built-in macro; choose another name",
         ),
         ("env = 'x'", "macros.env", "'env' is a built-in macro; choose another name"),
+        ("PYTHON = 'x'", "macros.PYTHON", "'PYTHON' is a built-in macro; choose another name"),
         (
             "'a b' = 'x'",
             'macros."a b"',
@@ -88,6 +91,27 @@ def test_macro_using_itself_is_an_error() -> None:
 )
 def test_bad_macro_definitions(line: str, path: str, message: str) -> None:
     assert problems_of(f"[macros]\n{line}\n") == {path: message}
+
+
+def test_python_macro_is_the_interpreter_running_llamaswap() -> None:
+    """``${PYTHON}`` works anywhere, in a user macro too (the quickstart's ``fake``)."""
+    config = load(
+        """
+        [macros]
+        fake = "${PYTHON} -m llamaswap.fake_server --port ${PORT}"
+        [models.m]
+        cmd = "${fake} --model-name ${MODEL_ID}"
+        [models.n]
+        cmd = ["${PYTHON}", "-c", "pass"]
+        proxy = "http://127.0.0.1:9"
+        """
+    )
+    assert config.macros == {"fake": f"{sys.executable} -m llamaswap.fake_server --port ${{PORT}}"}
+    assert config.models["m"].cmd == (
+        *(sys.executable, "-m", "llamaswap.fake_server", "--port", "5800"),
+        *("--model-name", "m"),
+    )
+    assert config.models["n"].cmd == (sys.executable, "-c", "pass")
 
 
 def test_env_macro() -> None:
