@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
+from llamaswap._version import version
 from llamaswap.config.model import TracingConfig
 from llamaswap.config.validate import OTEL_MISSING, otel_installed
 from llamaswap.errors import ConfigError, ConfigProblem
@@ -151,8 +152,6 @@ class Tracing:
 
     def __init__(self, provider: TracerProvider) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        from llamaswap._version import version
 
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer("llamaswap", version())
@@ -293,8 +292,6 @@ def open_tracing(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-    from llamaswap._version import version
 
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"observability", "reloader", "simulate", "migrate"},
     {"proxy"},
     # programs (the fake server is a test double; the gateway, the picker in front of nodes)
-    {"_serve", "_run", "cli", "__main__", "fake_server", "gateway"},
+    {"_serve", "_run", "_systemd", "cli", "__main__", "fake_server", "gateway"},
 ]
 LAYER = {name: index for index, names in enumerate(LAYERS) for name in names}
 
