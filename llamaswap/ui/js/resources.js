@@ -9,15 +9,12 @@
 // request waits.
 
 import * as api from "./api.js";
+import { paced } from "./paced.js";
 
 const PERIOD = 2000;
 const GAP = 500;
 
 export function followResources(store) {
-  let reading = false;
-  let again = false;
-  let last = -Infinity;
-  let timer = null;
   let routeMissing = false; // an older llamaswap: no /api/resources
 
   const wanted = () => store.synced && !store.stale && document.visibilityState === "visible";
@@ -47,33 +44,7 @@ export function followResources(store) {
   }
 
   // Read now, or as soon as the last read is over and GAP has passed; then every PERIOD.
-  async function soon() {
-    clearTimeout(timer);
-    timer = null;
-    if (!wanted()) return; // the next snapshot, or the page shown again, starts it over
-    if (reading) {
-      again = true;
-      return;
-    }
-    const wait = last + GAP - performance.now();
-    if (wait > 0) {
-      timer = setTimeout(soon, wait);
-      return;
-    }
-    reading = true;
-    last = performance.now();
-    try {
-      await read();
-    } finally {
-      reading = false;
-    }
-    if (again) {
-      again = false;
-      soon();
-    } else if (wanted()) {
-      timer = setTimeout(soon, PERIOD);
-    }
-  }
+  const { soon } = paced(read, wanted, { gap: GAP, period: PERIOD });
 
   store.on((what) => {
     if (what === "snapshot") routeMissing = false; // llamaswap may have been upgraded

@@ -8,6 +8,7 @@
 import * as api from "./api.js";
 import { $, h, setText, syncList } from "./dom.js";
 import * as fmt from "./format.js";
+import { paced } from "./paced.js";
 
 const GAP = 2000;
 const PERCENTILES = ["p50", "p95", "p99"];
@@ -42,10 +43,6 @@ export function mountStats(store) {
   const select = $("#stats-window");
   const table = $("#stats-table");
   let visible = false;
-  let reading = false;
-  let again = false;
-  let last = -Infinity;
-  let timer = null;
 
   function render(answer) {
     const models = Object.entries(answer.models);
@@ -58,46 +55,26 @@ export function mountStats(store) {
     setText($("#stats-note"), `${fmt.plural(answer.records, "request")}${newest}; percentiles of those served`);
   }
 
-  // Read now, or once the read in progress is over and GAP has passed since it began.
-  async function soon() {
-    clearTimeout(timer);
-    timer = null;
-    if (!visible || !store.synced || store.stale) return; // showing the tab starts it over
-    if (reading) {
-      again = true;
-      return;
-    }
-    const wait = last + GAP - performance.now();
-    if (wait > 0) {
-      timer = setTimeout(soon, wait);
-      return;
-    }
-    reading = true;
-    last = performance.now();
-    try {
-      render(await api.json(`api/activity/stats?window=${encodeURIComponent(select.value)}`));
-    } catch (error) {
-      console.warn("llamaswap: statistics:", error.message);
-    } finally {
-      reading = false;
-    }
-    if (again) {
-      again = false;
-      soon();
-    }
-  }
+  const reader = paced(
+    async () => {
+      try {
+        render(await api.json(`api/activity/stats?window=${encodeURIComponent(select.value)}`));
+      } catch (error) {
+        console.warn("llamaswap: statistics:", error.message);
+      }
+    },
+    () => visible && store.synced && !store.stale, // showing the tab starts it over
+    { gap: GAP },
+  );
 
-  select.addEventListener("change", () => {
-    last = -Infinity; // the other window's figures: at once
-    soon();
-  });
+  select.addEventListener("change", reader.now); // the other window's figures: at once
   store.on((what) => {
-    if (what === "snapshot" || what === "activity") soon();
+    if (what === "snapshot" || what === "activity") reader.soon();
   });
   return {
     show(shown) {
       visible = shown;
-      if (shown) soon();
+      if (shown) reader.soon();
     },
   };
 }
