@@ -272,6 +272,16 @@ class RequestTrace:
         self.span.end(end_time=self._ns(end))
 
 
+#: What ``[tracing]`` says when OpenTelemetry is installed but does not import. The usual
+#: cause: another package wrote over opentelemetry-proto's modules (the gateway extra's
+#: xds-protos carries an old copy of them, and the last package pip installs owns the files).
+OTEL_BROKEN = (
+    "the OpenTelemetry packages are installed but do not import ({}); if another package "
+    "(xds-protos, from llamaswap[gateway]) wrote over them, reinstall them last: "
+    "pip install --force-reinstall --no-deps opentelemetry-proto"
+)
+
+
 def open_tracing(
     config: TracingConfig | None, *, exporter: SpanExporter | None = None
 ) -> Tracing | None:
@@ -287,15 +297,18 @@ def open_tracing(
         return None
     if not otel_installed():
         raise ConfigError("<config>", [ConfigProblem("tracing", OTEL_MISSING)])
-    from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
-    from opentelemetry.sdk.resources import SERVICE_VERSION, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
+        from opentelemetry.sdk.resources import SERVICE_VERSION, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    except ImportError as error:  # installed, but broken: say how to mend it
+        problem = ConfigProblem("tracing", OTEL_BROKEN.format(error))
+        raise ConfigError("<config>", [problem]) from error
 
     if exporter is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
         if config.endpoint is not None:
             exporter = OTLPSpanExporter(endpoint=config.endpoint.rstrip("/") + "/v1/traces")
         else:

@@ -130,7 +130,10 @@ class Output:
                     return match
             seen = len(self.lines)
             if self.closed:
-                raise AssertionError(f"output ended without a line matching {pattern!r}")
+                tail = "\n".join(self.lines[-40:])
+                raise AssertionError(
+                    f"output ended without a line matching {pattern!r}; its last lines:\n{tail}"
+                )
             await self._changed.wait()
 
     def text(self) -> str:

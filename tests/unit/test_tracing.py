@@ -3,6 +3,7 @@ from when to when, and which failed) and the ``[tracing]`` table's keys."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
@@ -18,6 +19,7 @@ from llamaswap.observability.tracing import (
     TTFB,
     UPSTREAM,
     Phase,
+    open_tracing,
     phases,
 )
 from llamaswap.router.reload import diff_config
@@ -161,6 +163,21 @@ def test_tracing_without_the_otel_extra_is_a_config_error_saying_what_to_install
     [message] = problems("[tracing]\n").values()
     assert "pip install 'llamaswap[otel]'" in message
     assert load("[tracing]\nenabled = false\n") is not None  # off: nothing is needed
+
+
+def test_opentelemetry_that_is_installed_but_does_not_import_is_a_config_error_saying_how_to_mend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a fresh venv with the gateway and otel extras got when xds-protos was installed
+    # last: its old opentelemetry/proto modules lack what the exporter imports.
+    monkeypatch.setattr("llamaswap.observability.tracing.otel_installed", lambda: True)
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(ConfigError) as info:
+        open_tracing(TracingConfig())
+    [problem] = info.value.problems
+    assert problem.path == "tracing"
+    assert "do not import" in problem.message
+    assert "pip install --force-reinstall --no-deps opentelemetry-proto" in problem.message
 
 
 def test_a_reload_that_changes_tracing_says_it_applies_at_the_next_start() -> None:
