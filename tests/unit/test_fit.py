@@ -173,14 +173,36 @@ def test_runs_beside_is_eviction_for_stopping_nothing(needs: dict[str, int], pol
     }
     # Profiles with members (llama-swap's older form) over either: a model in two.
     together = mates([["a", "c"], ["a", "f"]])
-    swappers["together-groups"] = TogetherSwapper(swappers["groups"], together)
-    swappers["together-matrix"] = TogetherSwapper(swappers["matrix"], together)
+    swappers["together-groups"] = TogetherSwapper(swappers["groups"], together, placement)
+    swappers["together-matrix"] = TogetherSwapper(swappers["matrix"], together, placement)
     swapper = swappers[policy]
     for size in range(len(MODELS) + 1):
         for running in map(set, itertools.combinations(MODELS, size)):
             for target in MODELS:
                 expected = not swapper.eviction_for(target, running)
                 assert swapper.runs_beside(target, running) == expected, (target, running)
+
+
+def test_profile_members_are_kept_together_only_where_memory_says_they_fit() -> None:
+    """llama-swap's older profiles say "these run together"; declared memory says whether
+    they can. The group runs one of its models at a time, but for a profile's members."""
+    together = mates([["coder", "architect"]])
+    groups = {"one": GroupConfig(members=("coder", "architect", "other"))}
+
+    def evicted(placement: Figures | None, target: str, running: set[str]) -> set[str]:
+        swapper = TogetherSwapper(GroupSwapper(groups, placement), together, placement)
+        return set(swapper.eviction_for(target, running))
+
+    fits = figures(coder=10, architect=10, other=4)
+    assert evicted(fits, "coder", {"architect"}) == set()
+    assert evicted(fits, "coder", {"architect", "other"}) == {"other"}
+    too_big = figures(coder=16, architect=12, other=4)
+    assert evicted(too_big, "coder", {"architect"}) == {"architect"}
+    assert evicted(too_big, "coder", {"architect", "other"}) == {"architect", "other"}
+    # Memory unknown (no figures, or none for the target): the profile is believed.
+    assert evicted(None, "coder", {"architect"}) == set()
+    unknown = Figures({"architect": {"gpu0": 20 * GiB}}, GPU24)
+    assert evicted(unknown, "coder", {"architect"}) == set()
 
 
 def test_max_lora_counts_the_models_that_fit_together() -> None:

@@ -16,7 +16,8 @@ __all__ = ["GroupSwapper", "MatrixSwapper", "TogetherSwapper", "make_swapper"]
 def make_swapper(config: Config, placement: Placement | None = None) -> Swapper:
     """The swapper named by ``routing.router.use`` (the config is validated); with a
     ``placement``, the fit rule decides with it where memory is known. Profiles with
-    ``members`` keep their models together over it (``together.py``)."""
+    ``members`` keep their models together over the other rules, where they fit
+    (``together.py``)."""
     router = config.routing.router
     swapper: Swapper
     if router.use == "matrix":
@@ -26,4 +27,4 @@ def make_swapper(config: Config, placement: Placement | None = None) -> Swapper:
     else:
         swapper = GroupSwapper(router.settings.groups, placement)
     together = mates(profile.members for profile in config.profiles.values())
-    return TogetherSwapper(swapper, together) if together else swapper
+    return TogetherSwapper(swapper, together, placement) if together else swapper

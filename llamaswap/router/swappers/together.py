@@ -7,11 +7,15 @@ matrix rules cannot say it for models they already place elsewhere (a model is i
 group at most; with no groups, exactly one model runs).
 
 The rule. ``[profiles.NAME] members = [...]`` makes its members *mates*: whatever the group
-or matrix rules (and the fit rule, where memory is known) would stop for a target, its
-mates are kept. Everything else the rules decide as before: loading ``coder`` still stops
-a model outside the profile that the rules stop, and a persistent group still stays. The
-relation is pairwise: a model in two profiles keeps the members of both, and two models
-that only share a mate still evict each other as the rules say.
+or matrix rules would stop for a target, its mates are kept. Everything else the rules
+decide as before: loading ``coder`` still stops a model outside the profile that the rules
+stop, and a persistent group still stays. The relation is pairwise: a model in two
+profiles keeps the members of both, and two models that only share a mate still evict
+each other as the rules say.
+
+**Memory is a fact, the profile a belief**: where the placement's figures say the target
+does not fit beside the mates kept, the mates are stopped as the rules (the fit rule
+among them) chose; where the figures are unknown, the profile is believed.
 
 Prior art. llama-swap stopped every running model when a request named another profile,
 and started the profile's models one by one as requests named them. Here nothing is
@@ -33,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Set
 from typing import final
 
+from llamaswap.resources.fit import Placement, fits_beside
 from llamaswap.schedulers.base import Swapper
 
 __all__ = ["TogetherSwapper", "mates"]
@@ -50,12 +55,19 @@ def mates(profiles: Iterable[Iterable[str]]) -> dict[str, frozenset[str]]:
 
 @final
 class TogetherSwapper:
-    """``inner``'s evictions, less the target's mates (``mates``)."""
+    """``inner``'s evictions, less the target's mates (``mates``) where they fit beside it
+    (``placement``)."""
 
-    def __init__(self, inner: Swapper, mates: Mapping[str, frozenset[str]]) -> None:
+    def __init__(
+        self,
+        inner: Swapper,
+        mates: Mapping[str, frozenset[str]],
+        placement: Placement | None = None,
+    ) -> None:
         self.inner = inner
         self.persistent = inner.persistent
         self._mates = dict(mates)
+        self._placement = placement
 
     def mates(self, model: str) -> frozenset[str]:
         return self._mates.get(model, frozenset())
@@ -63,7 +75,14 @@ class TogetherSwapper:
     def eviction_for(
         self, target: str, running: Set[str], busy: Set[str] = frozenset()
     ) -> frozenset[str]:
-        return self.inner.eviction_for(target, running, busy) - self.mates(target)
+        evicted = self.inner.eviction_for(target, running, busy)
+        kept = evicted & self.mates(target)
+        placement = self._placement
+        if kept and placement is not None:
+            beside = running - (evicted - kept)
+            if fits_beside(placement, target, beside) is False:
+                return evicted  # the mates do not fit beside it: memory wins
+        return evicted - kept
 
     def runs_beside(self, target: str, running: Set[str]) -> bool:
         """``eviction_for`` stops none of ``running``. Asked of ``inner`` without the
