@@ -50,6 +50,7 @@ from llamaswap.observability import (
     Logs,
     capture_logs,
 )
+from llamaswap.observability.logs import OWN_LOG_LINES
 from llamaswap.observability.tracing import Tracing, open_tracing
 from llamaswap.process import (
     HttpProbe,
@@ -290,7 +291,7 @@ async def serve(
         activity = ActivityLog(first_id=first_id)
         writer = ActivityWriter(store)
         activity.add_listener(writer.put)
-    own_log = LogRing()
+    own_log = LogRing(OWN_LOG_LINES)
     async with (
         capture_logs(own_log),  # llamaswap's own log, for /logs (removed when serve ends)
         _traces(config.tracing) as tracing,  # its last spans sent after every request ended

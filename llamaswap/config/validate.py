@@ -76,13 +76,7 @@ def validate(
     _check_slot_save_paths(config, problems)
     _check_devices(config, problems)
     _check_node_name(config, problems)
-    for index, pattern in enumerate(config.upstream.ignore_paths):
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            problems.append(
-                Problem(("upstream", "ignorePaths", index), f"not a regular expression: {exc}")
-            )
+    _check_ignore_paths(config, problems)
     return _cap_bonus(config, problems), problems
 
 

@@ -651,6 +651,18 @@ def test_preload_entries_are_models_or_aliases() -> None:
     }
 
 
+def test_ignore_paths_that_are_not_regular_expressions_are_reported_at_their_index() -> None:
+    found = problems_of(TWO_MODELS + '[upstream]\nignorePaths = ["^/ws$", "(", "[a-"]\n')
+    assert found == {
+        "upstream.ignorePaths[1]": (
+            "not a regular expression: missing ), unterminated subpattern at position 0"
+        ),
+        "upstream.ignorePaths[2]": (
+            "not a regular expression: unterminated character set at position 0"
+        ),
+    }
+
+
 @pytest.mark.parametrize(
     ("text", "path", "message"),
     [
