@@ -12,9 +12,10 @@ from llamaswap.config.values import InvalidValue, parse_memory, parse_size
 from llamaswap.observability.model_server import resident_capacity
 from llamaswap.resources.fit import applies, fits_beside, make_room
 from llamaswap.resources.oom import out_of_memory
-from llamaswap.router.swappers import GroupSwapper, MatrixSwapper, TogetherSwapper
+from llamaswap.router.swappers import GroupSwapper, MatrixSwapper, TogetherSwapper, make_swapper
 from llamaswap.router.swappers.together import mates
 from llamaswap.schedulers import Swapper
+from tests.unit.test_config import load
 
 GiB = 2**30
 
@@ -203,6 +204,19 @@ def test_profile_members_are_kept_together_only_where_memory_says_they_fit() -> 
     assert evicted(None, "coder", {"architect"}) == set()
     unknown = Figures({"architect": {"gpu0": 20 * GiB}}, GPU24)
     assert evicted(unknown, "coder", {"architect"}) == set()
+    # make_swapper hands the profile's swapper the placement.
+    config = load(
+        """
+        [models.coder]
+        cmd = "s --port ${PORT}"
+        [models.architect]
+        cmd = "s --port ${PORT}"
+        [profiles.aider]
+        members = ["coder", "architect"]
+        """
+    )
+    assert make_swapper(config).eviction_for("coder", {"architect"}) == frozenset()
+    assert make_swapper(config, too_big).eviction_for("coder", {"architect"}) == {"architect"}
 
 
 def test_max_lora_counts_the_models_that_fit_together() -> None:
