@@ -240,6 +240,9 @@ class ModelConfig:
     send_loading_state: bool = False
     #: ``/v1/messages``: passed through ("native") or converted to chat completions.
     anthropic: Literal["native", "translate"] = "native"
+    #: Ollama's ``/api/chat``, ``/api/generate``, ``/api/embed``: converted to OpenAI's
+    #: routes ("translate"), or passed through to a server that is Ollama ("native").
+    ollama: Literal["native", "translate"] = "translate"
     #: Bytes the server needs, by device (``gpu0``, ``cpu``, a ``[devices]`` name); empty:
     #: not declared (learned from the GPU after a load, where a probe can read it).
     memory: Mapping[str, int] = attrs.field(factory=dict)

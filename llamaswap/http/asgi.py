@@ -193,10 +193,13 @@ class Inbox:
             return None
 
 
-async def send_error(send: ASGISendCallable, error: RequestError, *, close: bool = False) -> None:
+async def send_error(
+    send: ASGISendCallable, error: RequestError, *, close: bool = False, message_only: bool = False
+) -> None:
     """Answer ``error`` with its status and JSON body (SPEC §4.3); ``close``: the
-    connection closes after it (the rest of the request may still come)."""
-    status, raw, body = error_answer(error, close=close)
+    connection closes after it (the rest of the request may still come); ``message_only``:
+    as ``error_answer``."""
+    status, raw, body = error_answer(error, close=close, message_only=message_only)
     await send(
         {"type": "http.response.start", "status": status, "headers": raw, "trailers": False}
     )

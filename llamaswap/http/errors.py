@@ -77,12 +77,15 @@ def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], byt
 
 
 def error_answer(
-    error: RequestError, *, close: bool = False
+    error: RequestError, *, close: bool = False, message_only: bool = False
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """``error_response`` as the answer goes on the wire: the fields as bytes, with the
     body's Content-Length, and ``Connection: close`` when ``close`` (the rest of the
-    request may still come)."""
+    request may still come). ``message_only``: the body is ``{"error": MESSAGE}``, as
+    Ollama's API has it (its clients read a string there)."""
     status, headers, body = error_response(error)
+    if message_only:
+        body = json.dumps({"error": str(error)}).encode()
     fields = [(name.encode(), value.encode()) for name, value in headers]
     fields.append((b"content-length", str(len(body)).encode()))
     if close:

@@ -27,6 +27,8 @@ import attrs
 
 from llamaswap.errors import BadRequest
 
+from .sse import SseData
+
 __all__ = [
     "COUNT_TOKENS_PATH",
     "MESSAGES_PATH",
@@ -73,6 +75,17 @@ class Translation:
 
     model: str  # the name the client asked for, echoed in the answer
     stop_sequences: tuple[str, ...] = ()
+
+    #: The content type of a translated stream: None, the server's own (an event stream).
+    stream_type = None
+
+    def whole(self, answer: object) -> dict[str, Any]:
+        """:func:`message_response`."""
+        return message_response(answer, self)
+
+    def stream_lines(self) -> MessageStream:
+        """The converter of the server's event stream."""
+        return MessageStream(self)
 
 
 # --- the request --------------------------------------------------------------------------
@@ -447,8 +460,7 @@ class MessageStream:
 
     def __init__(self, translation: Translation) -> None:
         self._translation = translation
-        self._buffer = b""
-        self._data: list[bytes] = []  # the current event's data lines
+        self._events = SseData()
         self._started = False
         self._done = False  # an error event ended the stream, or close() did
         self._blocks = 0  # content blocks opened so far
@@ -459,21 +471,12 @@ class MessageStream:
         self._usage: object = None
 
     def feed(self, data: bytes) -> bytes:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        out = bytearray()
-        for line in lines:
-            line = line.rstrip(b"\r")
-            if line.startswith(b"data:"):
-                self._data.append(line[5:].removeprefix(b" "))
-            elif not line and self._data:
-                out += self._chunk(b"\n".join(self._data))
-                self._data = []
-        return bytes(out)
+        return b"".join(self._chunk(event) for event in self._events.feed(data))
 
     def close(self) -> bytes:
         """The end of the message, once the upstream's stream has ended."""
-        out = bytearray(self.feed(b"\n\n"))  # an event the upstream left unterminated
+        # An event the upstream left unterminated:
+        out = bytearray(b"".join(self._chunk(event) for event in self._events.close()))
         if self._done:
             return bytes(out)
         self._done = True

@@ -62,7 +62,7 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, gpu, history, live, routes, site, ui
+from . import cors, gpu, history, live, ollama, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
@@ -128,7 +128,7 @@ class Application:
                 refused = exc
         if refused is not None:
             logger.info("%s %s: %s", scope["method"], scope["path"], refused)
-            await send_error(send, refused)
+            await send_error(send, refused, message_only=scope["path"] in ollama.ROUTES)
             return
         origins = site.cors_origins(config, inference=inference)
         if config.cors_origins and cors.is_preflight(scope):

@@ -72,7 +72,7 @@ from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 from llamaswap.schedulers.settings import preemptible
 
-from . import anthropic, resume
+from . import anthropic, ollama, resume
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .extract import ModelIn, Payload, body_kind, read_model, rewrite_body, rewrite_query
 from .loading import SSE_HEADERS, report_progress
@@ -118,7 +118,7 @@ class _Reply:
         self._send = send
         self._exchange = exchange
         self._request = request
-        self.event_stream = False  # the response is text/event-stream
+        self.content_type = b""  # the response's, once started
 
     @property
     def started(self) -> bool:
@@ -130,9 +130,7 @@ class _Reply:
             # The rest of the body would be read as the next request: close the connection.
             headers = [*headers, (b"connection", b"close")]
             self._request.drop_rest()
-        self.event_stream = any(
-            k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
-        )
+        self.content_type = next((v for k, v in headers if k == b"content-type"), b"")
         if self._exchange.capture is not None:
             self._exchange.capture.response_start(status, headers)
         start: HTTPResponseStartEvent = {
@@ -158,8 +156,9 @@ class _Reply:
         await self.start(status, [(b"content-type", b"application/json")])
         await self.body(json.dumps(document).encode(), more=False)
 
-    async def error(self, error: RequestError) -> None:
-        status, fields, body = error_answer(error)
+    async def error(self, error: RequestError, *, message_only: bool = False) -> None:
+        """``error``'s answer; ``message_only``: as ``error_answer``."""
+        status, fields, body = error_answer(error, message_only=message_only)
         await self.start(status, fields)
         await self.body(body, more=False)
 
@@ -250,24 +249,28 @@ class Forwarder:
         self._estimator.set_retry_after(error)  # a 429's, when estimated
         if not isinstance(error, ModelStartFailed):  # logged once, by its supervisor
             logger.info("%s %s: %s", scope["method"], scope["path"], error)
-        await self._report(reply, error, messages=scope["path"] == anthropic.MESSAGES_PATH)
+        await self._report(reply, error, scope["path"])
 
-    async def _report(self, reply: _Reply, error: RequestError, *, messages: bool) -> None:
-        """Answer ``error`` however much of the response has already gone out.
+    async def _report(self, reply: _Reply, error: RequestError, path: str) -> None:
+        """Answer ``error`` (to a request for ``path``) however much of the response has
+        already gone out.
 
-        ``messages``: the response is Anthropic Messages, whose streams end with an
-        ``error`` event (a bare ``data:`` line would be ignored by its clients).
+        Anthropic Messages streams end with an ``error`` event (a bare ``data:`` line would
+        be ignored by its clients); Ollama's routes say it as Ollama does (a string, where
+        OpenAI's error is an object: its clients fail on an object mid-stream).
         """
         if not reply.started:
-            await reply.error(error)
-        elif reply.event_stream:
+            await reply.error(error, message_only=path in ollama.ROUTES)
+        elif reply.content_type.startswith(b"text/event-stream"):
             # The status line said 200 (a loading-state stream, or a stream that broke
             # off): say what went wrong as an event, then end the stream properly.
             status, _, body = error_response(error)
-            if messages:
+            if path == anthropic.MESSAGES_PATH:
                 await reply.body(anthropic.error_event(status, str(error)), more=False)
             else:
                 await reply.body(b"data: " + body + b"\n\n", more=False)
+        elif reply.content_type.startswith(ollama.NDJSON.encode()):
+            await reply.body(json.dumps({"error": str(error)}).encode() + b"\n", more=False)
         # Otherwise there is nothing left to say it with. Returning with the body short
         # of its end makes hypercorn close the connection: the client sees the answer
         # fall short (raising would do the same, with a traceback in the log).
@@ -316,7 +319,9 @@ class Forwarder:
                 )
             payload = Payload(await body.read(), content_type)
             default = self._config.fallback_model()
-            where = body_kind(route.model_in, content_type)
+            # Ollama's clients send JSON whatever their Content-Type says (curl -d's form).
+            ollama_body = scope["path"] in ollama.PATHS
+            where = ModelIn.JSON if ollama_body else body_kind(route.model_in, content_type)
             name = read_model(where, payload, query, default=default)
             exchange.metadata["requested_model"] = sent = name
             # From here on, the name its pin or selector chose: the model server and the
@@ -339,9 +344,11 @@ class Forwarder:
         check_autoload(self._router, target.model_id, headers, query, route, path)
         model = self._config.models[target.model_id]
         self._capture(exchange, scope, payload, body, wanted=model.capture)
-        translation = None  # set when /v1/messages goes to a chat-completions server
-        messages = route.model_in is not None and path in _MESSAGES
-        if messages and payload is not None and model.anthropic == "translate":
+        # Set when Anthropic's or Ollama's API goes to a server that speaks OpenAI's:
+        translation: anthropic.Translation | ollama.Translation | None = None
+        body_route = route.model_in is not None and payload is not None
+        if body_route and path in _MESSAGES and model.anthropic == "translate":
+            assert payload is not None
             answer = anthropic.local_answer(path, payload.json())
             if answer is not None:
                 await reply.json(200, answer)
@@ -349,6 +356,11 @@ class Forwarder:
             raw, chat, translation = anthropic.chat_body(payload.json())
             payload = Payload(raw, "application/json", chat)
             path = anthropic.CHAT_PATH
+        elif body_route and path in ollama.PATHS and model.ollama == "translate":
+            assert payload is not None
+            raw, request, translation = ollama.translate(path, payload.json(), model=sent)
+            payload = Payload(raw, "application/json", request)
+            path = translation.upstream_path
         while_waiting: Callable[[Lease], Awaitable[None]] | None = None
         if payload is None:
             while_waiting = body.prefetch  # the upload streams through once granted
@@ -375,6 +387,9 @@ class Forwarder:
             preemptible=preemptible,
         )
         async with self._router.acquire(lease, while_waiting=while_waiting):
+            if isinstance(translation, ollama.Translation) and translation.loads_only:
+                await reply.json(200, translation.loaded())  # its model is loaded: done
+                return
             # The model's definition now: a reload while the request waited may have
             # moved it (a new port) or changed its filters.
             model = self._config.models.get(target.model_id, model)
@@ -465,7 +480,7 @@ class Forwarder:
                 if upstream.translation is None:
                     await self._relay(exchange, response, reply)
                 else:
-                    await self._relay_messages(exchange, response, reply, upstream.translation)
+                    await self._relay_translated(exchange, response, reply, upstream.translation)
         except UpstreamFailed as exc:
             raise await self._upstream_error(exchange, exc) from exc
 
@@ -636,15 +651,16 @@ class Forwarder:
             await reply.body(data)
         await reply.body(b"", more=False)
 
-    async def _relay_messages(
+    async def _relay_translated(
         self,
         exchange: Exchange,
         response: UpstreamResponse,
         reply: _Reply,
-        translation: anthropic.Translation,
+        translation: anthropic.Translation | ollama.Translation,
     ) -> None:
-        """A chat-completions answer relayed as a Messages one (``anthropic = "translate"``).
-        An error from the model server passes through untouched (SPEC §4.3)."""
+        """An OpenAI answer relayed as the API's the client spoke (``anthropic`` or
+        ``ollama = "translate"``). An error from the model server passes through untouched
+        (SPEC §4.3)."""
         content_type = response.header(b"content-type")
         stream = content_type.startswith("text/event-stream")
         if response.status != 200 or not (stream or content_type.startswith("application/json")):
@@ -656,19 +672,19 @@ class Forwarder:
             for k, v in downstream_headers(response, content_type, exchange.model)
             if k not in (b"content-type", b"content-length")
         ]
-        headers.append((b"content-type", content_type.encode("latin-1")))
         if not stream:
             data = await response.read()
             exchange.answer(data)
             try:
-                document = anthropic.message_response(json.loads(data), translation)
-            except (ValueError, RecursionError) as exc:  # not JSON, too deep, not a chat answer
+                document = translation.whole(json.loads(data))
+            except (ValueError, RecursionError) as exc:  # not JSON, too deep, not an answer
                 raise UpstreamError(exchange.model, f"cannot translate its answer: {exc}") from exc
-            await reply.start(200, headers)
+            await reply.start(200, [*headers, (b"content-type", content_type.encode("latin-1"))])
             await reply.body(json.dumps(document).encode(), more=False)
             return
-        events = anthropic.MessageStream(translation)
-        await reply.start(200, headers)
+        events = translation.stream_lines()
+        stream_type = translation.stream_type or content_type
+        await reply.start(200, [*headers, (b"content-type", stream_type.encode("latin-1"))])
         async for data in response.chunks():
             exchange.answer(data)
             if translated := events.feed(data):
@@ -685,7 +701,8 @@ class _Upstream:
     query: bytes
     payload: Payload | None  # None: stream the client's body through
     extra_headers: list[tuple[bytes, bytes]]
-    translation: anthropic.Translation | None = None  # Messages sent as a chat completion
+    #: Anthropic's or Ollama's request, sent as OpenAI's.
+    translation: anthropic.Translation | ollama.Translation | None = None
     timeouts: Timeouts | None = None  # the model's or peer's; None: the pool's own
 
 

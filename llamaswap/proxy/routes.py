@@ -75,6 +75,11 @@ INFERENCE: dict[tuple[str, str], ModelIn] = {
             "/sdapi/v1/img2img",
             # audio.cpp's task API, forwarded without /audioapi
             f"{AUDIOAPI_PREFIX}/v1/tasks/run",
+            # Ollama's API (proxy/ollama.py)
+            "/api/chat",
+            "/api/generate",
+            "/api/embed",
+            "/api/embeddings",
         )
     },
     # llama-swap's versionless routes, forwarded without /v (/v/chat/completions goes to

@@ -330,7 +330,7 @@ def test_unknown_key_with_a_close_match_suggests_it_before_the_known_keys() -> N
             "unknown key 'tll'; did you mean 'ttl'? this table's keys are 'aliases', "
             "'anthropic', 'capabilities', 'capture', 'checkEndpoint', 'cmd', 'cmdStop', "
             "'concurrencyLimit', 'description', 'env', 'files', 'filters', 'memory', "
-            "'metadata', 'name', "
+            "'metadata', 'name', 'ollama', "
             "'preemptible', 'proxy', 'sendLoadingState', 'slotSavePath', 'slots', 'timeouts', "
             "'ttl', 'unlisted', 'unloadTimeout', 'useModelName'"
         )
