@@ -62,7 +62,7 @@ from llamaswap.router.names import Local, Peer
 from llamaswap.schedulers import parse_priority
 from llamaswap.schedulers.priority import HEADER as PRIORITY_HEADER
 
-from . import cors, gpu, history, live, ollama, routes, site, ui
+from . import cors, gpu, history, live, ollama, ollama_models, routes, site, ui
 from .exchange import CLIENT_LEFT, Exchange, Recorder
 from .forward import Forwarder
 from .gpu import memory_entry
@@ -71,6 +71,7 @@ from .operations import (
     client_address,
     client_status,
     json_response,
+    listed_names,
     model_status,
     register,
 )
@@ -336,6 +337,8 @@ def create_app(
     @quart.errorhandler(RequestError)
     async def answer_error(error: RequestError) -> Response:
         status, headers, body = error_response(error)
+        if request.path in ollama.ROUTES:  # its clients read a string there (ollama.py)
+            body = json.dumps({"error": str(error)}).encode()
         return Response(body, status=status, headers=dict(headers))
 
     @quart.errorhandler(HTTPException)
@@ -432,27 +435,7 @@ def create_app(
     @quart.get("/models")
     async def models() -> Response:
         now, wall_now = trio.current_time(), time.time()
-        config = router.config  # the current one: a reload applies at once
-        names = router.names
-        listed: list[str] = []
-        for model_id, model in config.models.items():
-            if not model.unlisted:
-                listed += [model_id, *(model.aliases if config.include_aliases_in_list else ())]
-        # A node behind a gateway lists its own models: the gateway learns what each
-        # node serves from here (docs/scale-out.md).
-        listed += () if config.gateway.node else names.peer_models()
-        listed += [name for name, selector in config.selectors.items() if not selector.unlisted]
-        # llama-swap's older profiles: each member as PROFILE:MODEL, unless it is unlisted.
-        listed += [
-            name for name, model_id in names.members() if not config.models[model_id].unlisted
-        ]
-        # The active profile's names, each as what it reaches; none for a name it turns off.
-        listed += [name for name in names.pins if name not in listed]
-        data = [
-            entry(name, now=now, wall_now=wall_now)
-            for name in listed
-            if names.pins.get(name) != ""
-        ]
+        data = [entry(name, now=now, wall_now=wall_now) for name in listed_names(router)]
         return json_response({"object": "list", "data": data})
 
     @quart.get("/v1/models/<path:name>")
@@ -548,6 +531,7 @@ def create_app(
     register(quart, router)
     history.register(quart, recorder.activity, store, recorder.captures)
     gpu.register(quart, router)
+    ollama_models.register(quart, router, props.context_length)
     live.register(quart, router, recorder.activity, hub=hub, logs=logs)
     ui.register(quart)
     forwarder = Forwarder(router, pool, recorder, estimator=estimator, tracing=tracing)

@@ -47,6 +47,7 @@ __all__ = [
     "inflight_entry",
     "iso_time",
     "json_response",
+    "listed_names",
     "model_status",
     "register",
     "to_wall_clock",
@@ -182,6 +183,25 @@ def capability_fields(capabilities: Capabilities) -> dict[str, Any]:
     if capabilities.tools:
         fields["supported_parameters"] = ["tools", "tool_choice"]
     return fields
+
+
+def listed_names(router: Router) -> list[str]:
+    """The names ``/v1/models`` lists (and ``/api/tags``), in its order."""
+    config = router.config  # the current one: a reload applies at once
+    names = router.names
+    listed: list[str] = []
+    for model_id, model in config.models.items():
+        if not model.unlisted:
+            listed += [model_id, *(model.aliases if config.include_aliases_in_list else ())]
+    # A node behind a gateway lists its own models: the gateway learns what each node
+    # serves from here (docs/scale-out.md).
+    listed += () if config.gateway.node else names.peer_models()
+    listed += [name for name, selector in config.selectors.items() if not selector.unlisted]
+    # llama-swap's older profiles: each member as PROFILE:MODEL, unless it is unlisted.
+    listed += [name for name, model_id in names.members() if not config.models[model_id].unlisted]
+    # The active profile's names, each as what it reaches; none for a name it turns off.
+    listed += [name for name in names.pins if name not in listed]
+    return [name for name in listed if names.pins.get(name) != ""]
 
 
 def json_response(document: Any, status: int = 200) -> Response:

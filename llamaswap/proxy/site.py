@@ -55,8 +55,8 @@ _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _UNSAFE_GET = frozenset({"/unload"})
 #: The content types a page may send another site without a preflight (Fetch standard).
 _SIMPLE = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"})
-#: Quart's routes that belong to the OpenAI-style API, with the proxied ones.
-_OPEN = frozenset({"/health", "/v1/models", "/models"})
+#: Quart's routes that belong to the OpenAI-style API (and Ollama's), with the proxied ones.
+_OPEN = frozenset({"/health", "/v1/models", "/models", "/api/tags", "/api/ps", "/api/show"})
 _OPEN_PREFIXES = ("/v1/models/", "/models/")
 _DEFAULT_PORT = {"http": 80, "https": 443}
 #: ``Sec-Fetch-Site`` values of a request the user or llamaswap's own page made.
