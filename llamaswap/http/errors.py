@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from llamaswap.errors import (
     BadRequest,
@@ -61,8 +62,11 @@ _TABLE: dict[type[RequestError], tuple[int, str, str, tuple[tuple[str, str], ...
 }
 
 
-def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], bytes]:
-    """Status, headers and JSON body for ``error``."""
+def error_response(
+    error: RequestError, *, message_only: bool = False
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Status, headers and JSON body for ``error``; ``message_only``: the body is
+    ``{"error": MESSAGE}``, as Ollama's API has it (its clients read a string there)."""
     # The nearest class in the table: a subclass answers like its parent.
     row = next(_TABLE[cls] for cls in type(error).__mro__ if cls in _TABLE)
     status, kind, code, extra = row
@@ -71,7 +75,11 @@ def error_response(error: RequestError) -> tuple[int, list[tuple[str, str]], byt
     elif isinstance(error, ConcurrencyLimit | QueueFull) and error.retry_after is not None:
         extra = (("retry-after", str(error.retry_after)),)  # estimated (resources/eta.py)
     param = error.param if isinstance(error, BadRequest) else None
-    body = {"error": {"message": str(error), "type": kind, "code": code, "param": param}}
+    body: dict[str, Any] = {
+        "error": {"message": str(error), "type": kind, "code": code, "param": param}
+    }
+    if message_only:
+        body = {"error": str(error)}
     headers = [("content-type", "application/json"), *extra]
     return status, headers, json.dumps(body).encode()
 
@@ -81,11 +89,8 @@ def error_answer(
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """``error_response`` as the answer goes on the wire: the fields as bytes, with the
     body's Content-Length, and ``Connection: close`` when ``close`` (the rest of the
-    request may still come). ``message_only``: the body is ``{"error": MESSAGE}``, as
-    Ollama's API has it (its clients read a string there)."""
-    status, headers, body = error_response(error)
-    if message_only:
-        body = json.dumps({"error": str(error)}).encode()
+    request may still come); ``message_only``: as ``error_response``."""
+    status, headers, body = error_response(error, message_only=message_only)
     fields = [(name.encode(), value.encode()) for name, value in headers]
     fields.append((b"content-length", str(len(body)).encode()))
     if close:

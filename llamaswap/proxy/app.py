@@ -336,9 +336,8 @@ def create_app(
 
     @quart.errorhandler(RequestError)
     async def answer_error(error: RequestError) -> Response:
-        status, headers, body = error_response(error)
-        if request.path in ollama.ROUTES:  # its clients read a string there (ollama.py)
-            body = json.dumps({"error": str(error)}).encode()
+        message_only = request.path in ollama.ROUTES  # Ollama's clients read a string
+        status, headers, body = error_response(error, message_only=message_only)
         return Response(body, status=status, headers=dict(headers))
 
     @quart.errorhandler(HTTPException)

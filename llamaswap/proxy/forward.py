@@ -270,7 +270,8 @@ class Forwarder:
             else:
                 await reply.body(b"data: " + body + b"\n\n", more=False)
         elif reply.content_type.startswith(ollama.NDJSON.encode()):
-            await reply.body(json.dumps({"error": str(error)}).encode() + b"\n", more=False)
+            _, _, line = error_response(error, message_only=True)
+            await reply.body(line + b"\n", more=False)
         # Otherwise there is nothing left to say it with. Returning with the body short
         # of its end makes hypercorn close the connection: the client sees the answer
         # fall short (raising would do the same, with a traceback in the log).
@@ -320,8 +321,11 @@ class Forwarder:
             payload = Payload(await body.read(), content_type)
             default = self._config.fallback_model()
             # Ollama's clients send JSON whatever their Content-Type says (curl -d's form).
-            ollama_body = scope["path"] in ollama.PATHS
-            where = ModelIn.JSON if ollama_body else body_kind(route.model_in, content_type)
+            where = (
+                ModelIn.JSON
+                if scope["path"] in ollama.PATHS
+                else body_kind(route.model_in, content_type)
+            )
             name = read_model(where, payload, query, default=default)
             exchange.metadata["requested_model"] = sent = name
             # From here on, the name its pin or selector chose: the model server and the
@@ -346,21 +350,19 @@ class Forwarder:
         self._capture(exchange, scope, payload, body, wanted=model.capture)
         # Set when Anthropic's or Ollama's API goes to a server that speaks OpenAI's:
         translation: anthropic.Translation | ollama.Translation | None = None
-        body_route = route.model_in is not None and payload is not None
-        if body_route and path in _MESSAGES and model.anthropic == "translate":
-            assert payload is not None
-            answer = anthropic.local_answer(path, payload.json())
-            if answer is not None:
-                await reply.json(200, answer)
-                return
-            raw, chat, translation = anthropic.chat_body(payload.json())
-            payload = Payload(raw, "application/json", chat)
-            path = anthropic.CHAT_PATH
-        elif body_route and path in ollama.PATHS and model.ollama == "translate":
-            assert payload is not None
-            raw, request, translation = ollama.translate(path, payload.json(), model=sent)
-            payload = Payload(raw, "application/json", request)
-            path = translation.upstream_path
+        if route.model_in is not None and payload is not None:
+            if path in _MESSAGES and model.anthropic == "translate":
+                answer = anthropic.local_answer(path, payload.json())
+                if answer is not None:
+                    await reply.json(200, answer)
+                    return
+                raw, chat, translation = anthropic.chat_body(payload.json())
+                payload = Payload(raw, "application/json", chat)
+                path = anthropic.CHAT_PATH
+            elif path in ollama.PATHS and model.ollama == "translate":
+                raw, request, translation = ollama.translate(path, payload.json(), model=sent)
+                payload = Payload(raw, "application/json", request)
+                path = translation.upstream_path
         while_waiting: Callable[[Lease], Awaitable[None]] | None = None
         if payload is None:
             while_waiting = body.prefetch  # the upload streams through once granted
