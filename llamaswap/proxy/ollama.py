@@ -44,7 +44,7 @@ import attrs
 
 from llamaswap.errors import BadRequest
 
-from .sse import SseData
+from .sse import SseData, json_chunk
 
 __all__ = [
     "NDJSON",
@@ -259,13 +259,7 @@ class Stream:
         return bytes(out)
 
     def _event(self, data: bytes) -> bytes:
-        if self._done or data.strip() == b"[DONE]":
-            return b""
-        try:
-            chunk = json.loads(data)
-        except (ValueError, RecursionError):
-            return b""  # not an event this translation knows
-        if not isinstance(chunk, dict):
+        if self._done or (chunk := json_chunk(data)) is None:
             return b""
         if "error" in chunk:  # llama-server reports a failure mid-stream so
             self._done = True

@@ -7,9 +7,22 @@ piece a read returned ended in (half a line, or an event's blank line not yet co
 
 from __future__ import annotations
 
-from typing import final
+import json
+from typing import Any, final
 
-__all__ = ["SseData"]
+__all__ = ["SseData", "json_chunk"]
+
+
+def json_chunk(data: bytes) -> dict[str, Any] | None:
+    """An event's data as the JSON object a chat-completions chunk is; None for the
+    stream's ``[DONE]`` and for anything else a translation does not know."""
+    if data.strip() == b"[DONE]":
+        return None
+    try:
+        chunk = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return chunk if isinstance(chunk, dict) else None
 
 
 @final
