@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.harness import ProxyProcess
+from tests.e2e.harness import ProxyProcess, alive, open_raw_request, running
 from tests.e2e.test_proxy import config
 
 MODELS = config(
@@ -246,3 +246,48 @@ async def test_native_passes_ollamas_request_through(proxy_factory: StartProxy) 
             await proxy.output.wait_for(r"\[native\] fake_server: request POST /api/chat ")
     assert answer.status_code == 404
     assert answer.headers["x-llamaswap-upstream"] == "native"
+
+
+async def test_a_client_that_leaves_mid_stream_stops_the_generation(
+    proxy_factory: StartProxy,
+) -> None:
+    proxy = await proxy_factory(config('[models.slow]\ncmd = "${fake} --tokens-per-second 20"\n'))
+    body = {"model": "slow", "messages": ASK, "options": {"num_predict": 200}}
+    async with proxy.client() as http:
+        with trio.fail_after(30):
+            stream = await open_raw_request(proxy.url, "/api/chat", json.dumps(body).encode())
+            received = b""
+            while b'"done": false}\n' not in received:  # the first line of the answer
+                received += await stream.receive_some()
+            await stream.aclose()
+            # Gone after one line: the model server sees its client leave too.
+            await proxy.output.wait_for(r"\[slow\] fake_server: client disconnected after \d+")
+            while not (records := (await http.get("/api/activity")).json()["activity"]):  # noqa: ASYNC110 (recorded as the request task ends: no event to wait on)
+                await trio.sleep(0.02)
+            [record] = records
+            assert record["error"] == "client disconnected"
+            assert (await running(http))["slow"]["in_flight"] == 0
+
+
+async def test_a_client_that_leaves_while_its_load_only_request_waits_stops_the_load(
+    proxy_factory: StartProxy, nursery: trio.Nursery
+) -> None:
+    # An empty prompt only loads the model; left before the load ends, it is abandoned,
+    # as any request's load is, and the starting process is stopped.
+    text = '[models.slow]\ncmd = "${fake} --load-seconds 60"\n'
+    proxy = await proxy_factory(config(text))
+    async with proxy.client() as http:
+        with trio.fail_after(30):
+            with trio.CancelScope() as request:
+
+                async def leave_once_started() -> None:
+                    await proxy.output.wait_for(r"model 'slow': started pid \d+")
+                    request.cancel()
+
+                nursery.start_soon(leave_once_started)
+                await http.post("/api/generate", json={"model": "slow"})
+            assert request.cancelled_caught
+            started = await proxy.output.wait_for(r"model 'slow': started pid (\d+)")
+            await proxy.output.wait_for(r"model 'slow': stopped")
+            assert not alive(int(started[1]))
+            assert await running(http) == {}
