@@ -63,7 +63,7 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from functools import lru_cache
 from typing import final
 from urllib.parse import urlsplit
@@ -436,6 +436,20 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
+
+    async def read_at_most(self, limit: int) -> bytes | None:
+        """The whole body, or None once it passes ``limit`` bytes: what llamaswap reads for
+        itself (a server's ``/props``, its ``/metrics``) must not cost unbounded memory. The
+        rest is not read, so the connection is not reused."""
+        parts: list[bytes] = []
+        size = 0
+        async with aclosing(self.chunks()) as chunks:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    return None
+                parts.append(chunk)
+        return b"".join(parts)
 
 
 def _tokens(headers: list[tuple[bytes, bytes]], name: bytes) -> list[bytes]:

@@ -61,6 +61,8 @@ KV_NAMES = (
 KV_EVERY = 1.0
 #: A model server that takes longer to answer its ``/metrics`` has no figure this time.
 KV_TIMEOUT = 0.5
+#: Bytes of a model server's ``/metrics`` read at most; a larger answer says nothing.
+KV_LIMIT = 1024 * 1024
 
 
 class _Queue(Protocol):
@@ -217,11 +219,11 @@ class ModelServerMetrics:
         with trio.move_on_after(KV_TIMEOUT):
             try:
                 async with self.pool.request("GET", proxy, "/metrics", [], None) as response:
-                    body = await response.read()
+                    body = await response.read_at_most(KV_LIMIT)
                     status = response.status
             except UpstreamFailed:
                 return None
-            if status != 200:
+            if status != 200 or body is None:
                 return None
             return kv_figure(body.decode("utf-8", "replace"))
         return None

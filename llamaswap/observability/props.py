@@ -34,6 +34,9 @@ logger = logging.getLogger("llamaswap.observability")
 
 #: Seconds a server has to answer ``GET /props`` after a load.
 PROPS_TIMEOUT = 5.0
+#: Bytes of a ``GET /props`` answer read at most (llama-server's, with its chat template,
+#: is tens of KiB); a larger one says nothing.
+PROPS_LIMIT = 1024 * 1024
 
 
 class Source(Protocol):
@@ -112,10 +115,12 @@ class ServerProps:
             try:
                 request = self._pool.request("GET", before.address, "/props", [], None)
                 async with request as response:
-                    body = await response.read()
-                    if response.status == 200:
+                    body = await response.read_at_most(PROPS_LIMIT)
+                    if response.status == 200 and body is not None:
                         answer = json.loads(body)
-            except (UpstreamFailed, ValueError):  # ValueError: not JSON
+            # ValueError: not JSON; RecursionError: nested deeper than Python parses. A
+            # model server's answer, whatever it is, never stops llamaswap.
+            except (UpstreamFailed, ValueError, RecursionError):
                 return
         n_ctx = context_length(answer)
         after = self._statistics(model)

@@ -315,3 +315,47 @@ async def test_dot_segments_after_the_model_are_refused_not_passed_on(
         for target, forwarded in passed.items():
             assert await get(target) == (200, forwarded)
     assert targets == list(passed.values())
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # valid JSON, nested deeper than Python parses
+        b'{"n_ctx": 8192, "pad": "' + b"x" * (2 * 1024 * 1024) + b'"}',  # 2 MiB: not read
+        b"\xff\xfe not json",
+    ],
+    ids=["too deep", "too large", "not json"],
+)
+async def test_a_props_answer_llamaswap_cannot_read_leaves_the_context_length_unknown(
+    proxy_factory: StartProxy, nursery: trio.Nursery, props: bytes
+) -> None:
+    # After a load llamaswap asks the model's server for GET /props, for its own use.
+    # Whatever it answers, the process goes on serving (a too-deep answer once stopped it).
+    answered = trio.Event()
+
+    async def script(peer: Peer, index: int) -> None:
+        while (request := await peer.request()) is not None:
+            head, _ = request
+            if head.target == b"/props":
+                try:
+                    await peer.respond(props)  # llamaswap may close before the end of it
+                finally:
+                    answered.set()
+            else:
+                await peer.respond(
+                    json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()
+                )
+
+    server = await start_server(nursery, script)
+    text = f'[models.m]\ncmd = "${{fake}}"\nproxy = "{server.url}"\ncheckEndpoint = "none"\n'
+    proxy = await proxy_factory(config(text))
+    async with proxy.client() as client:
+        with trio.fail_after(30):
+            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+            await answered.wait()
+            # The next request is served after the /props read has ended either way.
+            assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+            [entry] = (await client.get("/v1/models")).json()["data"]
+    assert entry["context_length"] is None
+    assert "Traceback" not in proxy.output.text()
