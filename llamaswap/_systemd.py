@@ -95,8 +95,11 @@ class Notifier:
                 logger.warning("could not notify systemd at %s: %s", self._address, exc)
 
     def ready(self, status: str = "serving") -> None:
-        self._status = status
-        self.send(READY=1, STATUS=status)
+        """``READY=1``, unless the shutdown has begun (a SIGHUP reload that the shutdown
+        cancels ends by calling this: systemd must not read the service ready again)."""
+        if not self._stopping:
+            self._status = status
+            self.send(READY=1, STATUS=status)
 
     def reloading(self) -> None:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000

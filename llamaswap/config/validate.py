@@ -380,13 +380,19 @@ def _check_profiles(config: Config, local: Collection[str], problems: list[Probl
 
 def _member_names(config: Config) -> set[str]:
     """Every ``PROFILE:MODEL`` name the profiles with ``members`` make (aliases too)."""
-    names = set()
-    for profile_name, profile in config.profiles.items():
-        for member in profile.members:
-            model = config.models.get(member)
-            for name in (member, *(model.aliases if model is not None else ())):
-                names.add(f"{profile_name}{PROFILE_SEPARATOR}{name}")
-    return names
+    return {
+        name
+        for profile_name, profile in config.profiles.items()
+        for member in profile.members
+        for name in _qualified(config, profile_name, member)
+    }
+
+
+def _qualified(config: Config, profile_name: str, member: str) -> list[str]:
+    """The ``PROFILE:NAME`` names that reach ``member``: by its ID and by each alias."""
+    model = config.models.get(member)
+    names = (member, *(model.aliases if model is not None else ()))
+    return [f"{profile_name}{PROFILE_SEPARATOR}{name}" for name in names]
 
 
 def _check_profile_members(
@@ -423,9 +429,7 @@ def _check_profile_members(
                 problems.append(Problem(path, f"model {member!r} is listed twice"))
                 continue
             seen.add(member)
-            model = config.models.get(member)
-            for name in (member, *(model.aliases if model is not None else ())):
-                qualified = f"{profile_name}{PROFILE_SEPARATOR}{name}"
+            for qualified in _qualified(config, profile_name, member):
                 if qualified in taken:
                     problems.append(
                         Problem(

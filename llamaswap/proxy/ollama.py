@@ -306,46 +306,57 @@ def translate(
         BadRequest: the request has a field that does not translate, or one of the wrong
             type, or nests too deeply to write out again.
     """
-    stream = body.get("stream", True) is not False and path in (CHAT_PATH, GENERATE_PATH)
-    request: dict[str, Any] = {"model": model}
     if path in (EMBED_PATH, EMBEDDINGS_PATH):
-        translation = Translation(path, model, stream=False)
-        request["input"] = _embedding_input(path, body)
-        if isinstance(body.get("dimensions"), int):
-            request["dimensions"] = body["dimensions"]
+        request, translation = _embedding(path, body, model)
     else:
-        for name, reason in _REFUSED.items():
-            if body.get(name) and path == GENERATE_PATH:
-                raise BadRequest(reason, param=name)
-        raw = path == GENERATE_PATH and body.get("raw") is True
-        if path == CHAT_PATH:
-            messages = _messages(body.get("messages"))
-            request["messages"] = messages
-            empty = not messages
-        elif raw:
-            request["prompt"] = prompt = _string(body, "prompt")
-            if body.get("images"):
-                raise BadRequest("images need the model's chat template: leave out 'raw'")
-            empty = not prompt
-        else:
-            request["messages"] = messages = _prompt_messages(body)
-            empty = not _string(body, "prompt") and not body.get("images")
-        translation = Translation(path, model, stream=stream, raw=raw, loads_only=empty)
-        request["stream"] = stream
-        if stream:
-            request["stream_options"] = {"include_usage": True}
-        request |= _sampling(body.get("options"))
-        if (response_format := _format(body.get("format"))) is not None:
-            request["response_format"] = response_format
-        if path == CHAT_PATH and (tools := body.get("tools")):
-            if not isinstance(tools, list):
-                raise BadRequest("'tools' must be an array", param="tools")
-            request["tools"] = tools
+        request, translation = _generation(path, body, model)
     try:
         raw_request = json.dumps(request, separators=(",", ":")).encode()
     except RecursionError as exc:  # read at the edge of the limit, deeper once converted
         raise BadRequest("the request nests too deeply") from exc
     return raw_request, request, translation
+
+
+def _embedding(path: str, body: dict[str, Any], model: str) -> tuple[dict[str, Any], Translation]:
+    """``/api/embed`` or ``/api/embeddings`` as a ``/v1/embeddings`` request."""
+    request: dict[str, Any] = {"model": model, "input": _embedding_input(path, body)}
+    if isinstance(body.get("dimensions"), int):
+        request["dimensions"] = body["dimensions"]
+    return request, Translation(path, model, stream=False)
+
+
+def _generation(path: str, body: dict[str, Any], model: str) -> tuple[dict[str, Any], Translation]:
+    """``/api/chat`` or ``/api/generate`` as a chat-completions (or, ``raw``, a
+    completions) request."""
+    if path == GENERATE_PATH:
+        for name, reason in _REFUSED.items():
+            if body.get(name):
+                raise BadRequest(reason, param=name)
+    raw = path == GENERATE_PATH and body.get("raw") is True
+    request: dict[str, Any] = {"model": model}
+    if path == CHAT_PATH:
+        request["messages"] = _messages(body.get("messages"))
+        empty = not request["messages"]
+    elif raw:
+        if body.get("images"):
+            raise BadRequest("images need the model's chat template: leave out 'raw'")
+        request["prompt"] = _string(body, "prompt")
+        empty = not request["prompt"]
+    else:
+        request["messages"] = _prompt_messages(body)
+        empty = not _string(body, "prompt") and not body.get("images")
+    stream = body.get("stream", True) is not False
+    request["stream"] = stream
+    if stream:
+        request["stream_options"] = {"include_usage": True}
+    request |= _sampling(body.get("options"))
+    if (response_format := _format(body.get("format"))) is not None:
+        request["response_format"] = response_format
+    if path == CHAT_PATH and (tools := body.get("tools")):
+        if not isinstance(tools, list):
+            raise BadRequest("'tools' must be an array", param="tools")
+        request["tools"] = tools
+    return request, Translation(path, model, stream=stream, raw=raw, loads_only=empty)
 
 
 def _messages(messages: object) -> list[dict[str, Any]]:

@@ -77,11 +77,9 @@ class Names:
             name: profile.members for name, profile in config.profiles.items() if profile.members
         }
         #: The most ``/``-separated segments any name has.
+        members = [name for name, _ in self.members()]
         self._segments = max(
-            (
-                name.count("/") + 1
-                for name in [*self._local, *self._peers, *self.pins, *dict(self.members())]
-            ),
+            (name.count("/") + 1 for name in [*self._local, *self._peers, *self.pins, *members]),
             default=1,
         )
 
